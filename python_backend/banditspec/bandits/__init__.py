@@ -1,0 +1,1 @@
+"""Bandit policies: one per module, ``select(available) -> arm`` / ``update(arm, reward)``."""

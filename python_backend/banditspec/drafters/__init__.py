@@ -1,0 +1,1 @@
+"""Drafters: one per module, one protocol (:mod:`banditspec.drafters.base`)."""

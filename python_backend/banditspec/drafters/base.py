@@ -1,0 +1,58 @@
+"""The drafter protocol.
+
+A :class:`Drafter` is shared by all requests of a process (it may hold a
+read-only datastore or a bounded global index). Everything that belongs to one
+request lives in the :class:`DraftSession` it starts, never on the drafter.
+
+Life of a session::
+
+    session = drafter.start(prompt_ids)          # once per request
+    loop:
+        draft = session.propose(max_len)         # <= max_len tokens (may be empty)
+        session.observe(new_tokens, hidden)      # tokens appended to the context this
+                                                 # step (accepted draft + target token),
+                                                 # for every session, chosen or not
+    session.close(finished=True)                 # request ended (global indexes may learn)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Draft:
+    """A proposal.
+
+    token_ids: int32 [gamma]          proposed continuation of the current context
+    probs:     float32 [gamma, vocab] or None: the drafter's distribution per position
+               (None: deterministic drafter, q is a point mass on token_ids)
+    """
+
+    token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    probs: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+class DraftSession(Protocol):
+    def propose(self, max_len: int) -> Draft:
+        """Propose at most ``max_len`` tokens continuing prompt + everything observed."""
+
+    def observe(self, new_tokens: Sequence[int], hidden_states: np.ndarray | None = None) -> None:
+        """Append the tokens the target produced this step.
+
+        hidden_states: float32 [len(new_tokens), hidden] or None (see VerifyResult)."""
+
+    def close(self, finished: bool) -> None:
+        """End of request; ``finished`` is False when it was cancelled or failed."""
+
+
+class Drafter(Protocol):
+    name: str  # "pld", "suffix", "rest", "eagle"
+
+    def start(self, prompt_ids: Sequence[int]) -> DraftSession: ...

@@ -1,0 +1,1 @@
+"""Target engines behind the verify contract (see :mod:`banditspec.engine.contract`)."""

@@ -1,0 +1,105 @@
+"""The verify contract between the decoding loop and a target engine.
+
+The decoding loop never touches torch: it hands the engine a batch of
+:class:`VerifyRequest` and gets back one :class:`VerifyResult` each. The same
+contract is spoken three ways:
+
+* in process, by :class:`banditspec.engine.reference.ReferenceEngine`;
+* through Triton BLS, by converting to the tensors of TensorRT-LLM's
+  ``tensorrt_llm`` model (:data:`TARGET_INPUTS` / :data:`TARGET_OUTPUTS`);
+* by a TensorRT-LLM engine built with
+  ``--speculative_decoding_mode draft_tokens_external --max_draft_len L``.
+
+The contract is stateless: every request carries the whole sequence so far.
+Engines must nevertheless not recompute a prefix they have seen (prefix KV
+cache with rollback), so the cost of a call grows with the new tokens only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass
+class VerifyRequest:
+    """One verification call for one sequence.
+
+    input_ids:   int32 [seq_len]   prompt + generated tokens so far (>= 1 token)
+    draft_ids:   int32 [gamma]     proposed continuation; gamma = 0 is plain decoding
+    draft_probs: float32 [gamma, vocab] or None; the drafter's distribution q for
+                 each draft position (None = the draft is deterministic, q is a point mass)
+    temperature: 0.0 = greedy verification, > 0 = speculative sampling
+    seed:        seeds the sampling; the engine derives the randomness of a call from
+                 (seed, len(input_ids)) so the result is reproducible and stateless
+    end_id:      EOS id; verification stops accepting after an accepted EOS
+    return_hidden_states: also return the target's last hidden states (Eagle)
+    """
+
+    input_ids: np.ndarray
+    draft_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    draft_probs: np.ndarray | None = None
+    temperature: float = 0.0
+    seed: int = 0
+    end_id: int = -1
+    return_hidden_states: bool = False
+
+
+@dataclass
+class VerifyResult:
+    """What the target decided for one :class:`VerifyRequest`.
+
+    output_ids:    int32 [num_accepted + 1]  accepted draft tokens, then one token of the
+                   target's own (the correction at the first rejection, or the bonus token
+                   when every draft token was accepted)
+    num_accepted:  number of draft tokens accepted (0..gamma)
+    hidden_states: float32 [num_accepted + 1, hidden] or None: the target's last-layer hidden
+                   state at the positions that produced each token of output_ids (the state
+                   after input_ids[-1], then after each accepted draft token)
+    """
+
+    output_ids: np.ndarray
+    num_accepted: int
+    hidden_states: np.ndarray | None = None
+
+
+class Engine(Protocol):
+    """A target engine. ``verify`` takes a batch so that concurrent sequences can
+    share one forward pass; results come back in request order and each equals
+    what the request would get alone."""
+
+    vocab_size: int
+    max_context: int  # most tokens a sequence may hold (prompt + output)
+    eos_id: int
+    provides_hidden_states: bool
+
+    def verify(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]: ...
+
+
+# --- TensorRT-LLM `tensorrt_llm` model tensor contract (what BLS sends to `target`) ---
+# name -> (Triton dtype, dims); dims as in config.pbtxt (batch dim excluded, max_batch_size > 0).
+TARGET_INPUTS: dict[str, tuple[str, list[int]]] = {
+    "input_ids": ("TYPE_INT32", [-1]),
+    "input_lengths": ("TYPE_INT32", [1]),
+    "request_output_len": ("TYPE_INT32", [1]),
+    "draft_input_ids": ("TYPE_INT32", [-1]),
+    "end_id": ("TYPE_INT32", [1]),
+    "exclude_input_in_output": ("TYPE_BOOL", [1]),
+    "temperature": ("TYPE_FP32", [1]),
+    "random_seed": ("TYPE_UINT64", [1]),
+    "draft_logits": ("TYPE_FP32", [-1, -1]),
+}
+TARGET_OUTPUTS: dict[str, tuple[str, list[int]]] = {
+    "output_ids": ("TYPE_INT32", [-1, -1]),
+    "sequence_length": ("TYPE_INT32", [-1]),
+}
+# Reference-engine extras, requested only from a target that declares them.
+REFERENCE_EXTRA_INPUTS: dict[str, tuple[str, list[int]]] = {
+    "return_hidden_states": ("TYPE_BOOL", [1]),
+}
+REFERENCE_EXTRA_OUTPUTS: dict[str, tuple[str, list[int]]] = {
+    "hidden_states": ("TYPE_FP32", [-1, -1]),
+    "num_accepted_tokens": ("TYPE_INT32", [1]),
+}
