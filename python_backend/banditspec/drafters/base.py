@@ -46,7 +46,9 @@ class DraftSession(Protocol):
     def observe(self, new_tokens: Sequence[int], hidden_states: np.ndarray | None = None) -> None:
         """Append the tokens the target produced this step.
 
-        hidden_states: float32 [len(new_tokens), hidden] or None (see VerifyResult)."""
+        hidden_states: float32 [n >= len(new_tokens), hidden] or None (see VerifyResult):
+        the last len(new_tokens) rows produced new_tokens; leading rows (first step only)
+        produced prompt tokens 1.. of the prompt."""
 
     def close(self, finished: bool) -> None:
         """End of request; ``finished`` is False when it was cancelled or failed."""

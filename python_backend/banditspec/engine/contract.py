@@ -35,7 +35,9 @@ class VerifyRequest:
     seed:        seeds the sampling; the engine derives the randomness of a call from
                  (seed, len(input_ids)) so the result is reproducible and stateless
     end_id:      EOS id; verification stops accepting after an accepted EOS
-    return_hidden_states: also return the target's last hidden states (Eagle)
+    hidden_from: -1 = no hidden states; else also return the target's last hidden states
+                 for positions hidden_from .. len(input_ids)-1+num_accepted (Eagle). A decoding
+                 loop asks for 0 on its first call and len(input_ids)-1 afterwards.
     """
 
     input_ids: np.ndarray
@@ -44,7 +46,7 @@ class VerifyRequest:
     temperature: float = 0.0
     seed: int = 0
     end_id: int = -1
-    return_hidden_states: bool = False
+    hidden_from: int = -1
 
 
 @dataclass
@@ -55,9 +57,11 @@ class VerifyResult:
                    target's own (the correction at the first rejection, or the bonus token
                    when every draft token was accepted)
     num_accepted:  number of draft tokens accepted (0..gamma)
-    hidden_states: float32 [num_accepted + 1, hidden] or None: the target's last-layer hidden
-                   state at the positions that produced each token of output_ids (the state
-                   after input_ids[-1], then after each accepted draft token)
+    hidden_states: float32 [len(input_ids) - hidden_from + num_accepted, hidden] or None: the
+                   target's last-layer (post-norm, LM-head input) hidden state at positions
+                   hidden_from .. len(input_ids)-1+num_accepted; row j is the state that produced
+                   the token at position hidden_from + j + 1. So its LAST num_accepted + 1 rows
+                   produced output_ids, and any leading rows produced input_ids[hidden_from+1:].
     """
 
     output_ids: np.ndarray
@@ -97,7 +101,7 @@ TARGET_OUTPUTS: dict[str, tuple[str, list[int]]] = {
 }
 # Reference-engine extras, requested only from a target that declares them.
 REFERENCE_EXTRA_INPUTS: dict[str, tuple[str, list[int]]] = {
-    "return_hidden_states": ("TYPE_BOOL", [1]),
+    "hidden_states_from": ("TYPE_INT32", [1]),
 }
 REFERENCE_EXTRA_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "hidden_states": ("TYPE_FP32", [-1, -1]),
