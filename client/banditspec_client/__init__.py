@@ -1,0 +1,1 @@
+"""BanditSpec clients and tools: the ``banditspec`` command, Triton client, benchmarks."""

@@ -1,0 +1,203 @@
+"""The ``banditspec`` command.
+
+Subcommands import what they need lazily, so ``banditspec --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _add_generation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", help="the prompt text (one user turn; the chat template is applied)")
+    p.add_argument("--policy", default="ucbspec", help="vanilla | ucbspec | exp3spec | uniform | fixed:<arm>")
+    p.add_argument("--arms", default=None, help="comma-separated arms, e.g. pld,suffix@2,rest (default: all)")
+    p.add_argument("--max-draft-len", type=int, default=4, help="L, the longest speculation")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop word (repeatable)")
+    p.add_argument("--reward", default="accepted", choices=["accepted", "throughput"])
+    p.add_argument("--no-chat", action="store_true", help="send the prompt as raw text, no chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    p.add_argument("--stream", action="store_true", help="print text as it is accepted")
+
+
+def _cmd_generate(args) -> int:
+    if args.url:
+        from banditspec_client.triton_client import generate_remote
+
+        return generate_remote(args)
+    return _generate_local(args)
+
+
+def _generate_local(args) -> int:
+    from banditspec.config import GenerationRequest
+    from banditspec.decoding import generate
+    from banditspec.runtime import DEFAULT_ARMS, load_local
+    from banditspec.text import IncrementalDetokenizer, prompt_ids, stop_sequences
+
+    stack = load_local(args.model, DEFAULT_ARMS)
+    tok = stack.tokenizer
+    request = GenerationRequest(
+        prompt_ids=prompt_ids(tok, args.prompt, chat=not args.no_chat),
+        max_tokens=args.max_tokens,
+        policy=args.policy,
+        arms=args.arms.split(",") if args.arms else None,
+        max_draft_len=args.max_draft_len,
+        temperature=args.temperature,
+        seed=args.seed,
+        stop_sequences=stop_sequences(tok, args.stop),
+        reward=args.reward,
+    )
+    session = stack.decoder.start(request)
+    detok = IncrementalDetokenizer(tok)
+    started = time.perf_counter()
+    for event in generate(stack.engine, session):
+        delta = detok.push(event.new_token_ids, final=event.finished)
+        if args.stream and not args.json and delta:
+            print(delta, end="", flush=True)
+    elapsed = time.perf_counter() - started
+    result = session.result()
+    stats = result.stats.as_dict()
+    stats["tokens_per_second"] = round(len(result.token_ids) / elapsed, 3) if elapsed > 0 else 0.0
+    stats["finish_reason"] = result.finish_reason
+    if args.json:
+        print(json.dumps({"text": detok.text, "token_ids": result.token_ids, "stats": stats}))
+    else:
+        if not args.stream:
+            print(detok.text)
+        else:
+            print()
+        print(_summary(stats), file=sys.stderr)
+    return 0
+
+
+def _summary(stats: dict) -> str:
+    arms = ", ".join(f"{a}: {v['pulls']} pulls, {v['accepted']}/{v['drafted']} accepted" for a, v in stats["per_arm"].items())
+    return (
+        f"[{stats['generated_tokens']} tokens in {stats['steps']} steps, "
+        f"mean accepted tokens {stats['mean_accepted_tokens']:.2f}, {stats['tokens_per_second']:.1f} tokens/s; {arms}]"
+    )
+
+
+def _cmd_simulate(args) -> int:
+    from banditspec import simulate
+
+    return simulate.run(args)
+
+
+def _cmd_build(args) -> int:
+    if args.what == "model":
+        from banditspec.engine.models import model_dir
+
+        for name in args.models.split(","):
+            print(f"{name}: {model_dir(name)}")
+        return 0
+    if args.what == "rest":
+        from banditspec.drafters.rest_datastore import default_datastore
+        from banditspec.engine.models import load_tokenizer
+
+        print(default_datastore(load_tokenizer("smollm2")))
+        return 0
+    from banditspec.eagle import train
+
+    return train.run(args)
+
+
+def _cmd_serve(args) -> int:
+    from banditspec_client.serve import run
+
+    return run(args)
+
+
+def _cmd_bench(args) -> int:
+    from banditspec_client.bench import run
+
+    return run(args)
+
+
+def _cmd_demo(args) -> int:
+    from banditspec_client.demo import run
+
+    return run(args)
+
+
+def _cmd_bench_drafters(args) -> int:
+    from banditspec_client.bench_drafters import run
+
+    return run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="banditspec", description="BanditSpec adaptive speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text, in process (--local) or through Triton (--url)")
+    where = gen.add_mutually_exclusive_group()
+    where.add_argument("--local", action="store_true", help="run in this process (default without --url)")
+    where.add_argument("--url", help="Triton address, e.g. localhost:8001 (gRPC) or localhost:8000 (HTTP)")
+    gen.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    gen.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"], help="local target model")
+    gen.add_argument("--model-name", default="banditspec", help="Triton model to call")
+    _add_generation_options(gen)
+    gen.set_defaults(func=_cmd_generate)
+
+    sim = sub.add_parser("simulate", help="bandit regret on synthetic arms (the paper's TGD)")
+    _try_add_arguments("banditspec.simulate", sim)
+    sim.set_defaults(func=_cmd_simulate)
+
+    build = sub.add_parser("build", help="build artefacts into the cache: model | rest | eagle")
+    build_sub = build.add_subparsers(dest="what", required=True)
+    model = build_sub.add_parser("model", help="convert SmolLM2 (GGUF) and the tiny test model")
+    model.add_argument("--models", default="smollm2,tiny")
+    build_sub.add_parser("rest", help="the default REST datastore")
+    eagle = build_sub.add_parser("eagle", help="train the Eagle draft head")
+    _try_add_arguments("banditspec.eagle.train", eagle)
+    build.set_defaults(func=_cmd_build)
+
+    serve = sub.add_parser("serve", help="start a real tritonserver with this model repository")
+    _try_add_arguments("banditspec_client.serve", serve)
+    serve.set_defaults(func=_cmd_serve)
+
+    bench = sub.add_parser("bench", help="benchmark methods side by side (paper Table 1)")
+    _try_add_arguments("banditspec_client.bench", bench)
+    bench.set_defaults(func=_cmd_bench)
+
+    demo = sub.add_parser("demo", help="start Triton, send a few prompts, compare with plain decoding")
+    _try_add_arguments("banditspec_client.demo", demo)
+    demo.set_defaults(func=_cmd_demo)
+
+    bd = sub.add_parser("bench-drafters", help="proposal cost of each drafter")
+    _try_add_arguments("banditspec_client.bench_drafters", bd)
+    bd.set_defaults(func=_cmd_bench_drafters)
+    return parser
+
+
+def _try_add_arguments(module: str, parser: argparse.ArgumentParser) -> None:
+    import importlib
+
+    try:
+        importlib.import_module(module).add_arguments(parser)
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    from banditspec.errors import BanditSpecValidationError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except BanditSpecValidationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

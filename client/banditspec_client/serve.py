@@ -1,0 +1,301 @@
+"""Start a real ``tritonserver`` (the one ``nvidia-pytriton`` carries) with this
+project's model repository.
+
+Facts this relies on (../shared/PLATFORM.md): the Python backend's three files are
+copied into a backend folder (only when their bytes differ, replaced by unlink +
+create); ``LD_LIBRARY_PATH`` holds pytriton's libs and the venv interpreter's LIBDIR;
+the venv's ``bin`` is first on ``PATH`` so that the stubs import this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Mapping
+
+from banditspec.paths import REPO_ROOT, cache_dir
+
+SOURCE_REPOSITORY = REPO_ROOT / "model_repository"
+
+
+def pytriton_dir() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("nvidia-pytriton is not installed (see README set-up)")
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def prepare_backend_dir() -> Path:
+    """``<cache>/triton/backends/python`` holding libtriton_python.so, the utils and the 3.11 stub."""
+    src = pytriton_dir()
+    dst = cache_dir() / "triton" / "backends" / "python"
+    dst.mkdir(parents=True, exist_ok=True)
+    files = [
+        src / "backends" / "python" / "libtriton_python.so",
+        src / "backends" / "python" / "triton_python_backend_utils.py",
+        src / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub",
+    ]
+    for f in files:
+        target = dst / f.name
+        if target.exists() and target.read_bytes() == f.read_bytes():
+            continue
+        tmp = dst / f".{f.name}.tmp"
+        shutil.copy2(f, tmp)
+        os.replace(tmp, target)  # never overwrite a loaded .so in place
+    return dst.parent
+
+
+def server_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    site = pytriton_dir().parent.parent
+    libdirs = [str(site / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+    if env.get("LD_LIBRARY_PATH"):
+        libdirs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in libdirs if p)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", str(max(1, os.cpu_count() or 1)))
+    return env
+
+
+_PARAM = re.compile(r'(parameters\s*\{\s*key:\s*"(?P<key>[^"]+)"\s*value:\s*\{\s*string_value:\s*")(?P<value>[^"]*)(")')
+
+
+def set_parameters(config_text: str, values: Mapping[str, str]) -> str:
+    """Replace the string values of existing ``parameters`` entries; unknown keys fail."""
+    seen = set()
+
+    def repl(match):
+        key = match.group("key")
+        if key in values:
+            seen.add(key)
+            return f"{match.group(1)}{values[key]}{match.group(4)}"
+        return match.group(0)
+
+    text = _PARAM.sub(repl, config_text)
+    unknown = set(values) - seen
+    if unknown:
+        raise KeyError(f"no such parameter(s) in config.pbtxt: {sorted(unknown)}")
+    return text
+
+
+def render_repository(overrides: Mapping[str, Mapping[str, str]], source: Path = SOURCE_REPOSITORY) -> Path:
+    """A private copy of the model repository with parameters overridden per model."""
+    base = cache_dir() / "triton" / "repositories"
+    base.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix="repo-", dir=base))
+    for model_dir in sorted(p for p in source.iterdir() if (p / "config.pbtxt").exists()):
+        shutil.copytree(model_dir, out / model_dir.name, ignore=shutil.ignore_patterns("__pycache__"))
+        config = out / model_dir.name / "config.pbtxt"
+        if model_dir.name in overrides:
+            config.write_text(set_parameters(config.read_text(), overrides[model_dir.name]))
+    unknown_models = set(overrides) - {p.name for p in out.iterdir()}
+    if unknown_models:
+        raise KeyError(f"no such model(s) in the repository: {sorted(unknown_models)}")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """A tritonserver process serving this project's models; a context manager."""
+
+    def __init__(
+        self,
+        *,
+        model: str = "smollm2",
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        overrides: Mapping[str, Mapping[str, str]] | None = None,
+        log_path: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        source: Path = SOURCE_REPOSITORY,
+    ):
+        self.model = model
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        merged: dict[str, dict[str, str]] = {"target": {"target_model": model}, "banditspec": {"target_model": model}}
+        for name, values in (overrides or {}).items():
+            merged.setdefault(name, {}).update(values)
+        self.overrides = merged
+        self.log_path = log_path
+        self.extra_args = extra_args
+        self.source = source
+        self.process: subprocess.Popen | None = None
+        self.repository: Path | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    def command(self) -> list[str]:
+        tritonserver = pytriton_dir() / "bin" / "tritonserver"
+        return [
+            str(tritonserver),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={prepare_backend_dir()}",
+            f"--cache-directory={pytriton_dir() / 'caches'}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            "--model-control-mode=none",
+            "--exit-on-error=true",
+            "--log-verbose=0",
+            *self.extra_args,
+        ]
+
+    def start(self) -> "TritonServer":
+        _prebuild(self.model, self.overrides)
+        self.repository = render_repository(self.overrides, self.source)
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            self.command(), env=server_environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode} (log: {self.log_path})")
+            if self.is_ready():
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s (log: {self.log_path})")
+
+    def stop(self, timeout: float = 30) -> int | None:
+        proc, self.process = self.process, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        _kill_group(proc.pid)
+        if self.repository is not None:
+            shutil.rmtree(self.repository, ignore_errors=True)
+        return proc.returncode
+
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _kill_group(pgid: int) -> None:
+    """Stubs are in the server's session; make sure none outlives it."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _prebuild(model: str, overrides: Mapping[str, Mapping[str, str]]) -> None:
+    """Build the converted model and the REST datastore here, not inside a stub start-up."""
+    from banditspec.engine.models import model_dir
+
+    model_dir(model)
+    drafters = overrides.get("banditspec", {}).get("drafters", "pld,suffix,rest")
+    datastore = overrides.get("banditspec", {}).get("rest_datastore", "default")
+    if "rest" in drafters and datastore in ("", "default"):
+        from banditspec.drafters.rest_datastore import default_datastore
+        from banditspec.engine.models import load_tokenizer
+
+        default_datastore(load_tokenizer("smollm2"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--set", action="append", default=[], metavar="MODEL.PARAM=VALUE",
+                        help="override a config.pbtxt parameter, e.g. banditspec.default_policy=exp3spec")
+    parser.add_argument("--log-file", type=Path, default=None, help="server log (default: the terminal)")
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        model, dot, param = key.partition(".")
+        if not sep or not dot:
+            raise SystemExit(f"--set expects MODEL.PARAM=VALUE, got {item!r}")
+        out.setdefault(model, {})[param] = value
+    return out
+
+
+def run(args) -> int:
+    server = TritonServer(
+        model=args.model,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        overrides=parse_overrides(args.set),
+        log_path=args.log_file,
+    )
+    stop = {"requested": False}
+
+    def on_signal(signum, frame):
+        stop["requested"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"starting tritonserver (model {args.model}) ...", file=sys.stderr, flush=True)
+    server.start()
+    try:
+        while not stop["requested"] and not server.is_ready():
+            if server.process.poll() is not None:
+                print("tritonserver exited during start-up", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        if not stop["requested"]:
+            print(
+                f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics localhost:{server.metrics_port}/metrics\n"
+                f"try: banditspec generate --url {server.grpc_url} --stream \"Write a haiku about GPUs\"",
+                file=sys.stderr,
+                flush=True,
+            )
+        while not stop["requested"] and server.process.poll() is None:
+            time.sleep(0.5)
+    finally:
+        print("stopping tritonserver ...", file=sys.stderr, flush=True)
+        server.stop()
+    return 0

@@ -1,0 +1,107 @@
+"""Triton adapter for the BanditSpec controller (decoupled BLS model).
+
+Thin glue: request tensors -> numpy dict -> banditspec.serving.Controller, which runs
+the decoding loop and calls `target` through BLS; responses stream back through the
+request's response sender. All decisions live in banditspec.serving."""
+
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from banditspec.errors import EngineError
+from banditspec.serving import INPUT_KINDS, stats_json
+from banditspec.serving_setup import build_controller
+
+log = logging.getLogger("banditspec.model")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+ERROR_CODES = {
+    "invalid": pb_utils.TritonError.INVALID_ARG,
+    "unavailable": pb_utils.TritonError.UNAVAILABLE,
+    "internal": pb_utils.TritonError.INTERNAL,
+}
+
+
+def bls_infer(model_name, tensors, output_names):
+    """One BLS call; raises EngineError with the target's message (no traceback)."""
+    request = pb_utils.InferenceRequest(
+        model_name=model_name,
+        requested_output_names=list(output_names),
+        inputs=[pb_utils.Tensor(name, value) for name, value in tensors.items()],
+    )
+    response = request.exec()
+    if response.has_error():
+        raise EngineError(f"{model_name}: {response.error().message()}")
+    out = {}
+    for name in output_names:
+        tensor = pb_utils.get_output_tensor_by_name(response, name)
+        if tensor is not None:
+            out[name] = tensor.as_numpy()
+    return out
+
+
+class TritonSink:
+    """banditspec.serving.ResponseSink over a decoupled response sender."""
+
+    def __init__(self, sender, shutting_down):
+        self._sender = sender
+        self._shutting_down = shutting_down
+        self.closed = False
+
+    def send(self, text, stats, final):
+        outputs = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))]
+        if stats is not None:
+            outputs.append(pb_utils.Tensor("speculation_stats", np.array([[stats_json(stats)]], dtype=np.object_)))
+        self._sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0)
+        self.closed = final
+
+    def fail(self, kind, message):
+        error = pb_utils.TritonError(message, ERROR_CODES.get(kind, pb_utils.TritonError.INTERNAL))
+        self._sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
+        self.closed = True
+
+    def is_cancelled(self):
+        return self._shutting_down.is_set() or self._sender.is_cancelled()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.controller = build_controller(params, bls_infer)
+        self.shutting_down = threading.Event()
+        workers = self.controller.defaults.max_concurrent_sequences + 4
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="banditspec")
+
+    def execute(self, requests):
+        for request in requests:
+            sink = TritonSink(request.get_response_sender(), self.shutting_down)
+            inputs = {}
+            for name in INPUT_KINDS:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                inputs[name] = None if tensor is None else tensor.as_numpy()
+            batch = {np.asarray(v).shape[0] for v in inputs.values() if v is not None and np.asarray(v).ndim > 1}
+            if any(size != 1 for size in batch):
+                sink.fail("invalid", "text_input: send one prompt per request (batch dimension must be 1)")
+                continue
+            self.pool.submit(self._serve, inputs, sink)
+        return None
+
+    def _serve(self, inputs, sink):
+        try:
+            self.controller.handle(inputs, sink)
+        except Exception:  # never let a request thread die silently
+            log.exception("request failed")
+        finally:
+            if not sink.closed:
+                try:
+                    sink._sender.send(flags=FINAL)
+                except Exception:
+                    pass
+
+    def finalize(self):
+        self.shutting_down.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)

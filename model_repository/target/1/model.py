@@ -1,0 +1,73 @@
+"""Triton adapter for the reference target engine: tensors in, tensors out.
+
+All logic lives in banditspec.engine (tensor_codec + reference); this file converts."""
+
+import json
+import logging
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
+from banditspec.engine.tensor_codec import decode_request, encode_result
+from banditspec.errors import BanditSpecValidationError
+
+INPUT_NAMES = tuple(TARGET_INPUTS) + tuple(REFERENCE_EXTRA_INPUTS)
+log = logging.getLogger("banditspec.target")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+
+        from banditspec.engine.reference import ReferenceEngine
+
+        params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
+        threads = int(params.get("torch_threads", "0"))
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.engine = ReferenceEngine.from_name(
+            params.get("target_model", "smollm2"),
+            max_context=int(params.get("max_context", "2048")),
+            cache_entries=int(params.get("cache_entries", "16")),
+        )
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        batch, where = [], []
+        for i, request in enumerate(requests):
+            tensors = {}
+            for name in INPUT_NAMES:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None:
+                    tensors[name] = tensor.as_numpy()
+            try:
+                batch.append(decode_request(tensors))
+                where.append(i)
+            except BanditSpecValidationError as exc:
+                responses[i] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)
+        if batch:
+            try:
+                results = self.engine.verify(batch)
+            except BanditSpecValidationError as exc:
+                results = None
+                for i in where:
+                    responses[i] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)
+            except Exception as exc:
+                log.exception("verification failed")
+                results = None
+                for i in where:
+                    responses[i] = _error(f"target: verification failed ({type(exc).__name__})", pb_utils.TritonError.INTERNAL)
+            if results is not None:
+                for i, result in zip(where, results):
+                    responses[i] = pb_utils.InferenceResponse(
+                        output_tensors=[pb_utils.Tensor(k, v) for k, v in encode_result(result).items()]
+                    )
+        return responses
+
+    def finalize(self):
+        self.engine = None
+
+
+def _error(message, code):
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))

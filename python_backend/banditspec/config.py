@@ -1,0 +1,136 @@
+"""Arms, limits and the validation of a generation request.
+
+An *arm* is a drafter with its speculation setting, written ``DRAFTER`` (speculation
+length L, the request's maximum) or ``DRAFTER@GAMMA`` (e.g. ``pld@2``). ``vanilla``
+is the arm that drafts nothing (gamma 0: plain decoding).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from banditspec.errors import BanditSpecValidationError
+
+VANILLA_ARM = "vanilla"
+MAX_SPECULATION_LENGTH = 16  # upper bound for L (TensorRT-LLM engines are built with max_draft_len <= this)
+POLICY_CHOICES = ("vanilla", "ucbspec", "exp3spec", "uniform")  # plus "fixed:<arm>"
+REWARD_CHOICES = ("accepted", "throughput")
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm: ``drafter`` proposes up to ``gamma`` tokens per step."""
+
+    drafter: str  # "pld", "suffix", "rest", "eagle"; "" for the vanilla arm
+    gamma: int
+
+    @property
+    def name(self) -> str:
+        return VANILLA_ARM if not self.drafter else f"{self.drafter}@{self.gamma}"
+
+
+def parse_arm(text: str, max_draft_len: int, known_drafters: Sequence[str]) -> ArmSpec:
+    """``pld`` -> ArmSpec("pld", L); ``pld@2`` -> ArmSpec("pld", 2); ``vanilla`` -> gamma 0."""
+    text = text.strip()
+    if text == VANILLA_ARM:
+        return ArmSpec("", 0)
+    drafter, _, gamma_text = text.partition("@")
+    if drafter not in known_drafters:
+        raise BanditSpecValidationError(
+            "arms", f"unknown arm {text!r}; available drafters: {', '.join(known_drafters) or 'none'}"
+        )
+    if not gamma_text:
+        return ArmSpec(drafter, max_draft_len)
+    try:
+        gamma = int(gamma_text)
+    except ValueError:
+        raise BanditSpecValidationError("arms", f"arm {text!r}: speculation length must be an integer") from None
+    if not 1 <= gamma <= max_draft_len:
+        raise BanditSpecValidationError(
+            "arms", f"arm {text!r}: speculation length must be in 1..max_draft_len={max_draft_len}"
+        )
+    return ArmSpec(drafter, gamma)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Server-side limits (configuration, never request input)."""
+
+    max_tokens: int = 1024
+    max_prompt_tokens: int = 4096
+    max_stop_words: int = 16
+    max_stop_word_tokens: int = 32
+    max_draft_len: int = MAX_SPECULATION_LENGTH
+
+
+@dataclass
+class GenerationRequest:
+    """What a caller asks for; validated by :func:`validate_request`.
+
+    prompt_ids:     int token ids of the prompt (chat template already applied by the caller)
+    stop_sequences: token-id sequences; generation stops before the first occurrence
+    arms:           arm names (see module doc); None = the decoder's default arm set
+    policy:         vanilla | ucbspec | exp3spec | uniform | fixed:<arm>
+    max_draft_len:  L, the longest speculation; an arm without ``@gamma`` drafts L tokens
+    reward:         accepted (paper: accepted + 1) | throughput (cost-aware: accepted + 1
+                    scaled by the step's measured time against the request's fastest step)
+    """
+
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    policy: str = "ucbspec"
+    arms: Sequence[str] | None = None
+    max_draft_len: int = 4
+    temperature: float = 0.0
+    seed: int = 0
+    stop_sequences: Sequence[Sequence[int]] = field(default_factory=tuple)
+    reward: str = "accepted"
+
+
+def validate_request(req: GenerationRequest, *, max_context: int, vocab_size: int, limits: Limits) -> None:
+    """Raise BanditSpecValidationError naming the first bad field."""
+    if len(req.prompt_ids) == 0:
+        raise BanditSpecValidationError("text_input", "the prompt is empty")
+    if len(req.prompt_ids) > limits.max_prompt_tokens:
+        raise BanditSpecValidationError(
+            "text_input", f"prompt has {len(req.prompt_ids)} tokens, the limit is {limits.max_prompt_tokens}"
+        )
+    if any(not 0 <= int(t) < vocab_size for t in req.prompt_ids):
+        raise BanditSpecValidationError("text_input", f"token ids must be in 0..{vocab_size - 1}")
+    if isinstance(req.max_tokens, bool) or not isinstance(req.max_tokens, int):
+        raise BanditSpecValidationError("max_tokens", "must be an integer")
+    if req.max_tokens <= 0:
+        raise BanditSpecValidationError("max_tokens", f"must be >= 1, got {req.max_tokens}")
+    if req.max_tokens > limits.max_tokens:
+        raise BanditSpecValidationError("max_tokens", f"{req.max_tokens} exceeds the limit {limits.max_tokens}")
+    if len(req.prompt_ids) + req.max_tokens > max_context:
+        raise BanditSpecValidationError(
+            "max_tokens",
+            f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the "
+            f"context length {max_context}",
+        )
+    if isinstance(req.max_draft_len, bool) or not isinstance(req.max_draft_len, int):
+        raise BanditSpecValidationError("max_draft_len", "must be an integer")
+    if not 1 <= req.max_draft_len <= limits.max_draft_len:
+        raise BanditSpecValidationError("max_draft_len", f"must be in 1..{limits.max_draft_len}, got {req.max_draft_len}")
+    temperature = float(req.temperature)
+    if not math.isfinite(temperature) or temperature < 0:
+        raise BanditSpecValidationError("temperature", f"must be a finite number >= 0, got {req.temperature}")
+    if not 0 <= int(req.seed) < 2**64:
+        raise BanditSpecValidationError("random_seed", "must be in 0..2^64-1")
+    if len(req.stop_sequences) > limits.max_stop_words:
+        raise BanditSpecValidationError("stop_words", f"at most {limits.max_stop_words} stop words")
+    for seq in req.stop_sequences:
+        if not 0 < len(seq) <= limits.max_stop_word_tokens:
+            raise BanditSpecValidationError(
+                "stop_words", f"each stop word must be 1..{limits.max_stop_word_tokens} tokens"
+            )
+    if req.reward not in REWARD_CHOICES:
+        raise BanditSpecValidationError("reward", f"unknown reward {req.reward!r}; choose from {REWARD_CHOICES}")
+    policy = req.policy
+    if not (policy in POLICY_CHOICES or (policy.startswith("fixed:") and len(policy) > len("fixed:"))):
+        raise BanditSpecValidationError(
+            "policy", f"unknown policy {policy!r}; choose from {', '.join(POLICY_CHOICES)} or fixed:<arm>"
+        )

@@ -1,0 +1,390 @@
+"""The BanditSpec decoding loop (the paper's Algorithm 3) as a sans-I/O session.
+
+A :class:`DecodingSession` never calls the engine itself. Each step the caller asks it
+for the next :class:`VerifyRequest` (the session chooses an arm with its policy and has
+that arm's drafter propose), runs the engine however it likes, alone or batched with
+other sessions, and hands the :class:`VerifyResult` back to :meth:`DecodingSession.apply`,
+which appends the accepted tokens, rewards the policy and returns a :class:`StepEvent`
+with the tokens that are now safe to stream. :func:`generate` is the simplest driver.
+
+A request owns everything it changes: its policy, its reward state, its drafter
+sessions and its trace. The :class:`SpeculativeDecoder` only holds what is shared and
+read-only per step (drafters, limits, engine facts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from banditspec.bandits.base import Policy
+from banditspec.config import (
+    VANILLA_ARM,
+    ArmSpec,
+    GenerationRequest,
+    Limits,
+    parse_arm,
+    validate_request,
+)
+from banditspec.drafters.base import Draft, Drafter, DraftSession
+from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
+from banditspec.errors import BanditSpecValidationError
+from banditspec.rewards import make_reward
+
+log = logging.getLogger(__name__)
+
+FINISH_EOS, FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "eos", "stop", "length", "cancelled"
+
+
+@dataclass
+class StepEvent:
+    """What one step produced.
+
+    new_token_ids: tokens now safe to emit (a tail that could still become a stop word
+                   is held back until it is decided)
+    """
+
+    arm: str
+    drafted: int
+    accepted: int
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    step_seconds: float
+
+
+@dataclass
+class SpeculationStats:
+    arms: list[str] = field(default_factory=list)  # arm per step
+    drafted: list[int] = field(default_factory=list)  # draft length per step
+    accepted: list[int] = field(default_factory=list)  # accepted draft tokens per step
+    step_seconds: list[float] = field(default_factory=list)
+    dropped_arms: dict[str, str] = field(default_factory=dict)  # arm -> reason
+    generated_tokens: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.arms)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Tokens per target call (accepted draft tokens + the target's own), the usual MAT."""
+        return self.generated_tokens / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict:
+        elapsed = sum(self.step_seconds)
+        per_arm: dict[str, dict] = {}
+        for arm, drafted, accepted in zip(self.arms, self.drafted, self.accepted):
+            entry = per_arm.setdefault(arm, {"pulls": 0, "drafted": 0, "accepted": 0})
+            entry["pulls"] += 1
+            entry["drafted"] += drafted
+            entry["accepted"] += accepted
+        return {
+            "steps": self.steps,
+            "generated_tokens": self.generated_tokens,
+            "arms": list(self.arms),
+            "drafted": list(self.drafted),
+            "accepted": list(self.accepted),
+            "mean_accepted_tokens": round(self.mean_accepted_tokens, 4),
+            "tokens_per_second": round(self.generated_tokens / elapsed, 3) if elapsed > 0 else 0.0,
+            "per_arm": per_arm,
+            "dropped_arms": dict(self.dropped_arms),
+        }
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]  # generated ids only; EOS and stop words excluded
+    finish_reason: str
+    stats: SpeculationStats
+
+
+class SpeculativeDecoder:
+    """Shared, per-process: drafters, limits and the target's facts. Thread-safe:
+    it holds no per-request state; :meth:`start` builds a new session per request."""
+
+    def __init__(
+        self,
+        *,
+        drafters: Mapping[str, Drafter],
+        vocab_size: int,
+        max_context: int,
+        eos_id: int,
+        provides_hidden_states: bool = False,
+        default_arms: Sequence[str] | None = None,
+        limits: Limits = Limits(),
+        drafter_deadline_s: float = 0.5,
+    ):
+        self.drafters = dict(drafters)
+        self.vocab_size = vocab_size
+        self.max_context = max_context
+        self.eos_id = eos_id
+        self.provides_hidden_states = provides_hidden_states
+        self.default_arms = list(default_arms) if default_arms else list(self.drafters)
+        self.limits = limits
+        self.drafter_deadline_s = drafter_deadline_s
+
+    @classmethod
+    def for_engine(cls, engine: Engine, drafters: Mapping[str, Drafter], **kwargs) -> "SpeculativeDecoder":
+        usable = {
+            name: d
+            for name, d in drafters.items()
+            if engine.provides_hidden_states or not getattr(d, "needs_hidden_states", False)
+        }
+        return cls(
+            drafters=usable,
+            vocab_size=engine.vocab_size,
+            max_context=engine.max_context,
+            eos_id=engine.eos_id,
+            provides_hidden_states=engine.provides_hidden_states,
+            **kwargs,
+        )
+
+    def resolve_arms(self, request: GenerationRequest) -> tuple[list[ArmSpec], str]:
+        """The request's arm list and the policy that runs over it."""
+        known = list(self.drafters)
+        policy = request.policy
+        if policy == "vanilla":
+            return [ArmSpec("", 0)], "fixed"
+        if policy.startswith("fixed:"):
+            return [parse_arm(policy[len("fixed:"):], request.max_draft_len, known)], "fixed"
+        names = list(request.arms) if request.arms is not None else self.default_arms
+        if not names:
+            raise BanditSpecValidationError("arms", "the arm list is empty")
+        arms = [parse_arm(n, request.max_draft_len, known) for n in names]
+        if len({a.name for a in arms}) != len(arms):
+            raise BanditSpecValidationError("arms", "an arm is listed twice")
+        return arms, policy
+
+    def start(self, request: GenerationRequest) -> "DecodingSession":
+        validate_request(request, max_context=self.max_context, vocab_size=self.vocab_size, limits=self.limits)
+        arms, policy_name = self.resolve_arms(request)
+        return DecodingSession(self, request, arms, policy_name)
+
+
+def _make_policy(name: str, n_arms: int, max_draft_len: int, seed: int) -> Policy:
+    from banditspec.bandits.fixed import FixedArmPolicy
+    from banditspec.bandits.registry import make_policy
+
+    if name == "fixed":
+        return FixedArmPolicy(arm=0, n_arms=n_arms)
+    rng = np.random.default_rng(seed)
+    return make_policy(name, n_arms=n_arms, reward_range=float(max_draft_len), max_reward=float(max_draft_len + 1), rng=rng)
+
+
+class DecodingSession:
+    """One request's decoding state; see the module docstring for the step protocol."""
+
+    def __init__(self, decoder: SpeculativeDecoder, request: GenerationRequest, arms: list[ArmSpec], policy_name: str):
+        self._decoder = decoder
+        self._request = request
+        self.arms = arms
+        self._prompt = [int(t) for t in request.prompt_ids]
+        self._sequence = list(self._prompt)  # prompt + generated (before stop-word cuts)
+        self._generated: list[int] = []
+        self._emitted = 0
+        self._stop_sequences = [list(map(int, s)) for s in request.stop_sequences]
+        self.policy = _make_policy(policy_name, len(arms), request.max_draft_len, request.seed)
+        self._reward = make_reward(request.reward)
+        self._available = list(range(len(arms)))
+        self.stats = SpeculationStats()
+        self.finished = False
+        self.finish_reason: str | None = None
+        self._pending: tuple[int | None, int, float] | None = None  # (arm index, gamma, start time)
+        self._sessions: dict[str, DraftSession] = {}
+        used = {a.drafter for a in arms if a.drafter}
+        for name in used:
+            try:
+                self._sessions[name] = decoder.drafters[name].start(self._prompt)
+            except Exception as exc:  # a broken drafter costs its arms, not the request
+                self._drop_drafter(name, f"start failed: {type(exc).__name__}")
+        self._needs_hidden = decoder.provides_hidden_states and any(
+            getattr(decoder.drafters[n], "needs_hidden_states", False) for n in self._sessions
+        )
+        self._hidden_from = 0
+
+    # -- the step protocol -------------------------------------------------------------
+    def next_verify(self) -> VerifyRequest:
+        """Choose an arm, draft, and return the verification call for this step."""
+        if self.finished:
+            raise RuntimeError("the session has finished")
+        start = time.perf_counter()
+        remaining = self._request.max_tokens - len(self._generated)
+        room = self._decoder.max_context - len(self._sequence) - 1
+        limit = max(0, min(remaining - 1, room))
+        arm_index, draft = None, Draft()
+        while self._available and limit > 0:
+            arm_index = self.policy.select(self._available)
+            arm = self.arms[arm_index]
+            if not arm.drafter:
+                break
+            draft = self._propose(arm, min(arm.gamma, limit))
+            if draft is not None:
+                break
+            arm_index, draft = None, Draft()  # the drafter failed and was dropped: choose again
+        gamma = len(draft)
+        self._pending = (arm_index, gamma, start)
+        hidden_from = -1
+        if self._needs_hidden:
+            hidden_from = self._hidden_from
+        return VerifyRequest(
+            input_ids=np.asarray(self._sequence, dtype=np.int32),
+            draft_ids=draft.token_ids.astype(np.int32, copy=False),
+            draft_probs=draft.probs,
+            temperature=float(self._request.temperature),
+            seed=int(self._request.seed),
+            end_id=self._decoder.eos_id,
+            hidden_from=hidden_from,
+        )
+
+    def apply(self, result: VerifyResult) -> StepEvent:
+        """Take the target's verdict for the pending step; returns what to stream."""
+        if self._pending is None:
+            raise RuntimeError("apply() without a pending next_verify()")
+        arm_index, gamma, start = self._pending
+        self._pending = None
+        output = [int(t) for t in np.asarray(result.output_ids).reshape(-1)]
+        accepted = int(result.num_accepted)
+        if not output or not 0 <= accepted <= gamma or len(output) > accepted + 1:
+            raise RuntimeError(f"engine returned {len(output)} tokens with {accepted} accepted of {gamma}")
+        self._hidden_from = len(self._sequence) + len(output) - 1
+        for session_name, session in list(self._sessions.items()):
+            try:
+                session.observe(output, result.hidden_states)
+            except Exception as exc:
+                self._drop_drafter(session_name, f"observe failed: {type(exc).__name__}")
+        self._append(output)
+        elapsed = time.perf_counter() - start
+        arm_name = self.arms[arm_index].name if arm_index is not None else VANILLA_ARM
+        # A step whose draft was shortened by max_tokens/context says little about the arm.
+        if arm_index is not None and gamma == self.arms[arm_index].gamma:
+            self.policy.update(arm_index, self._reward(accepted, elapsed))
+        self.stats.arms.append(arm_name)
+        self.stats.drafted.append(gamma)
+        self.stats.accepted.append(accepted)
+        self.stats.step_seconds.append(elapsed)
+        self.stats.generated_tokens = len(self._generated)
+        return StepEvent(
+            arm=arm_name,
+            drafted=gamma,
+            accepted=accepted,
+            new_token_ids=self._take_emittable(),
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            step_seconds=elapsed,
+        )
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self._finish(FINISH_CANCELLED)
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(list(self._generated), self.finish_reason or "", self.stats)
+
+    # -- internals ---------------------------------------------------------------------
+    def _propose(self, arm: ArmSpec, max_len: int) -> Draft | None:
+        session = self._sessions.get(arm.drafter)
+        if session is None:
+            self._drop_drafter(arm.drafter, "unavailable")
+            return None
+        began = time.perf_counter()
+        try:
+            draft = session.propose(max_len)
+            ids = np.asarray(draft.token_ids, dtype=np.int64).reshape(-1)[:max_len]
+            if ids.size and (ids.min() < 0 or ids.max() >= self._decoder.vocab_size):
+                raise ValueError("draft token id out of range")
+            probs = draft.probs[: ids.size] if draft.probs is not None else None
+        except Exception as exc:
+            log.warning("drafter %s failed: %s", arm.drafter, exc)
+            self._drop_drafter(arm.drafter, f"propose failed: {type(exc).__name__}")
+            return None
+        if time.perf_counter() - began > self._decoder.drafter_deadline_s:
+            # Lossless either way: this draft is still verified, but the arm is too slow to keep.
+            self._drop_drafter(arm.drafter, "deadline exceeded")
+        return Draft(token_ids=ids.astype(np.int32), probs=probs)
+
+    def _drop_drafter(self, drafter: str, reason: str) -> None:
+        session = self._sessions.pop(drafter, None)
+        if session is not None:
+            try:
+                session.close(finished=False)
+            except Exception:
+                pass
+        for i, arm in enumerate(self.arms):
+            if arm.drafter == drafter and i in self._available:
+                self._available.remove(i)
+                self.stats.dropped_arms[arm.name] = reason
+
+    def _append(self, output: list[int]) -> None:
+        eos = self._decoder.eos_id
+        for token in output:
+            if token == eos:
+                self._finish(FINISH_EOS)
+                return
+            self._sequence.append(token)
+            self._generated.append(token)
+            cut = self._stop_match()
+            if cut is not None:
+                del self._generated[cut:]
+                self._finish(FINISH_STOP)
+                return
+            if len(self._generated) >= self._request.max_tokens:
+                self._finish(FINISH_LENGTH)
+                return
+
+    def _stop_match(self) -> int | None:
+        """Start index (in generated) of a stop sequence ending at the last token, if any."""
+        gen = self._generated
+        for seq in self._stop_sequences:
+            n = len(seq)
+            if len(gen) >= n and gen[-n:] == seq:
+                return len(gen) - n
+        return None
+
+    def _held_back(self) -> int:
+        """How many trailing generated tokens might still be the start of a stop sequence."""
+        gen, longest = self._generated, 0
+        for seq in self._stop_sequences:
+            for k in range(min(len(seq) - 1, len(gen)), longest, -1):
+                if gen[-k:] == seq[:k]:
+                    longest = k
+                    break
+        return longest
+
+    def _take_emittable(self) -> list[int]:
+        end = len(self._generated) if self.finished else len(self._generated) - self._held_back()
+        new = self._generated[self._emitted:end] if end > self._emitted else []
+        self._emitted = max(self._emitted, end)
+        return new
+
+    def _finish(self, reason: str) -> None:
+        self.finished = True
+        self.finish_reason = reason
+        for session in self._sessions.values():
+            try:
+                session.close(finished=reason != FINISH_CANCELLED)
+            except Exception:
+                pass
+        self._sessions.clear()
+
+
+def generate(engine: Engine, session: DecodingSession) -> Iterator[StepEvent]:
+    """Drive one session against an engine, one verification call per step."""
+    try:
+        while not session.finished:
+            request = session.next_verify()
+            (result,) = engine.verify([request])
+            yield session.apply(result)
+    finally:
+        if not session.finished:
+            session.cancel()
+
+
+def run_to_completion(engine: Engine, session: DecodingSession) -> GenerationResult:
+    for _ in generate(engine, session):
+        pass
+    return session.result()

@@ -1,0 +1,155 @@
+"""VerifyRequest/VerifyResult <-> the named tensors of the ``tensorrt_llm`` contract.
+
+Both sides of the BLS call use this module: the controller (``banditspec`` model,
+through :class:`TensorEngine`) encodes requests and decodes results; the reference
+``target`` model decodes requests and encodes results. Nothing here imports Triton:
+the transport is a callable injected by the Triton adapter.
+
+Tensor shapes are per request, with the leading batch dimension of 1 that a model with
+``max_batch_size > 0`` sees (input_ids: int32 [1, seq_len], output_ids: int32 [1, 1, n]
+— batch, beam, tokens — as TensorRT-LLM returns them).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from banditspec.engine.contract import VerifyRequest, VerifyResult
+from banditspec.errors import BanditSpecValidationError, EngineError
+
+Tensors = dict[str, np.ndarray]
+# (model name, input tensors, requested output names) -> output tensors; raises EngineError
+InferFn = Callable[[str, Tensors, Sequence[str]], Tensors]
+
+
+def encode_request(req: VerifyRequest, *, with_reference_extras: bool) -> Tensors:
+    """Tensors the controller sends to ``target`` for one sequence."""
+    ids = np.asarray(req.input_ids, dtype=np.int32).reshape(1, -1)
+    draft = np.asarray(req.draft_ids, dtype=np.int32).reshape(1, -1)
+    tensors: Tensors = {
+        "input_ids": ids,
+        "input_lengths": np.array([[ids.shape[1]]], dtype=np.int32),
+        "request_output_len": np.array([[draft.shape[1] + 1]], dtype=np.int32),
+        "end_id": np.array([[req.end_id]], dtype=np.int32),
+        "exclude_input_in_output": np.array([[True]], dtype=bool),
+    }
+    if draft.shape[1]:
+        tensors["draft_input_ids"] = draft
+        if req.draft_probs is not None:
+            # TensorRT-LLM takes draft logits; log q is a valid logit vector for q.
+            with np.errstate(divide="ignore"):
+                tensors["draft_logits"] = np.log(np.asarray(req.draft_probs, dtype=np.float32))[None]
+    if req.temperature > 0:
+        tensors["temperature"] = np.array([[req.temperature]], dtype=np.float32)
+        tensors["random_seed"] = np.array([[req.seed]], dtype=np.uint64)
+    if with_reference_extras and req.hidden_from >= 0:
+        tensors["hidden_states_from"] = np.array([[req.hidden_from]], dtype=np.int32)
+    return tensors
+
+
+def _scalar(tensors: Mapping[str, np.ndarray], name: str, default, dtype):
+    value = tensors.get(name)
+    if value is None:
+        return default
+    arr = np.asarray(value).reshape(-1)
+    if arr.size != 1:
+        raise BanditSpecValidationError(name, f"expected one value, got shape {tuple(np.shape(value))}")
+    return dtype(arr[0])
+
+
+def decode_request(tensors: Mapping[str, np.ndarray]) -> VerifyRequest:
+    """The reference target's view of one request's tensors (batch dim of 1 removed)."""
+    if "input_ids" not in tensors:
+        raise BanditSpecValidationError("input_ids", "is required")
+    ids = np.asarray(tensors["input_ids"]).reshape(-1).astype(np.int32)
+    if "input_lengths" in tensors:
+        length = _scalar(tensors, "input_lengths", ids.size, int)
+        if not 0 < length <= ids.size:
+            raise BanditSpecValidationError("input_lengths", f"{length} does not fit input_ids of {ids.size} tokens")
+        ids = ids[:length]
+    draft = np.asarray(tensors.get("draft_input_ids", np.zeros(0, np.int32))).reshape(-1).astype(np.int32)
+    probs = None
+    if "draft_logits" in tensors and draft.size:
+        logits = np.asarray(tensors["draft_logits"], dtype=np.float32).reshape(draft.size, -1)
+        logits = logits - logits.max(axis=-1, keepdims=True)
+        probs = np.exp(logits)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    return VerifyRequest(
+        input_ids=ids,
+        draft_ids=draft,
+        draft_probs=probs,
+        temperature=_scalar(tensors, "temperature", 0.0, float),
+        seed=_scalar(tensors, "random_seed", 0, int),
+        end_id=_scalar(tensors, "end_id", -1, int),
+        hidden_from=_scalar(tensors, "hidden_states_from", -1, int),
+    )
+
+
+def encode_result(result: VerifyResult) -> Tensors:
+    out = np.asarray(result.output_ids, dtype=np.int32).reshape(1, 1, -1)
+    tensors: Tensors = {
+        "output_ids": out,
+        "sequence_length": np.array([[out.shape[-1]]], dtype=np.int32),
+        "num_accepted_tokens": np.array([[result.num_accepted]], dtype=np.int32),
+    }
+    if result.hidden_states is not None:
+        tensors["hidden_states"] = np.asarray(result.hidden_states, dtype=np.float32)[None]
+    return tensors
+
+
+def decode_result(tensors: Mapping[str, np.ndarray], draft_ids: np.ndarray) -> VerifyResult:
+    """The controller's view of ``target``'s answer.
+
+    TensorRT-LLM returns only output_ids; the accepted count is the length of the
+    leading run of output tokens that equal the draft (the target's own token at a
+    rejection never equals the rejected draft token)."""
+    out = np.asarray(tensors["output_ids"]).reshape(-1).astype(np.int32)
+    if "sequence_length" in tensors:
+        out = out[: int(np.asarray(tensors["sequence_length"]).reshape(-1)[0])]
+    draft = np.asarray(draft_ids).reshape(-1)
+    n = min(out.size, draft.size)
+    mismatch = np.nonzero(out[:n] != draft[:n])[0]
+    accepted = int(mismatch[0]) if mismatch.size else n
+    hidden = tensors.get("hidden_states")
+    if hidden is not None:
+        hidden = np.asarray(hidden, dtype=np.float32).reshape(-1, np.shape(hidden)[-1])
+    return VerifyResult(output_ids=out, num_accepted=accepted, hidden_states=hidden)
+
+
+class TensorEngine:
+    """An :class:`~banditspec.engine.contract.Engine` that reaches the target through
+    named tensors (Triton BLS in production, any callable in tests)."""
+
+    OUTPUTS = ("output_ids", "sequence_length")
+
+    def __init__(
+        self,
+        infer: InferFn,
+        *,
+        model_name: str = "target",
+        vocab_size: int,
+        max_context: int,
+        eos_id: int,
+        provides_hidden_states: bool = False,
+    ):
+        self._infer = infer
+        self.model_name = model_name
+        self.vocab_size = vocab_size
+        self.max_context = max_context
+        self.eos_id = eos_id
+        self.provides_hidden_states = provides_hidden_states
+
+    def verify(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]:
+        results = []
+        for req in requests:
+            outputs = list(self.OUTPUTS)
+            if self.provides_hidden_states and req.hidden_from >= 0:
+                outputs.append("hidden_states")
+            tensors = encode_request(req, with_reference_extras=self.provides_hidden_states)
+            answer = self._infer(self.model_name, tensors, outputs)
+            if "output_ids" not in answer:
+                raise EngineError(f"model {self.model_name!r} returned no output_ids")
+            results.append(decode_result(answer, req.draft_ids))
+        return results

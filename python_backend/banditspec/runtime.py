@@ -1,0 +1,75 @@
+"""Assemble the in-process stack: target engine, drafters, decoder, tokenizer.
+
+Used by the CLI (``generate --local``), the benchmarks, and (drafters only) the
+Triton ``banditspec`` model, whose engine is the BLS adapter instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from banditspec.config import Limits
+from banditspec.decoding import SpeculativeDecoder
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")
+
+
+def build_drafters(
+    names: Sequence[str],
+    tokenizer,
+    *,
+    target_model=None,
+    rest_datastore: Path | None = None,
+) -> dict:
+    """Drafters by name. ``eagle`` needs the target model (its embedding and LM head);
+    it is skipped when no target model is given. ``rest`` uses ``rest_datastore`` or the
+    default datastore built once into the cache folder."""
+    from banditspec.drafters.registry import make_drafter
+
+    drafters = {}
+    for name in names:
+        if name == "eagle":
+            if target_model is None:
+                continue
+            from banditspec.drafters.eagle import load_default_eagle_drafter
+
+            drafters[name] = load_default_eagle_drafter(target_model)
+        elif name == "rest":
+            from banditspec.drafters.rest_datastore import default_datastore
+
+            path = rest_datastore if rest_datastore is not None else default_datastore(tokenizer)
+            drafters[name] = make_drafter(name, tokenizer=tokenizer, rest_datastore=path)
+        else:
+            drafters[name] = make_drafter(name, tokenizer=tokenizer)
+    return drafters
+
+
+@dataclass
+class LocalStack:
+    engine: object
+    decoder: SpeculativeDecoder
+    tokenizer: object
+    model_name: str
+
+
+def load_local(
+    model: str = "smollm2",
+    arms: Sequence[str] = DEFAULT_ARMS,
+    *,
+    limits: Limits = Limits(),
+    max_context: int = 2048,
+) -> LocalStack:
+    """The whole stack in this process (no Triton)."""
+    from banditspec.engine.reference import ReferenceEngine
+
+    engine = ReferenceEngine.from_name(model, max_context=max_context)
+    tokenizer = engine.tokenizer
+    drafter_names = sorted({a.partition("@")[0] for a in arms if a != "vanilla"})
+    drafters = build_drafters(drafter_names, tokenizer, target_model=engine.model)
+    decoder = SpeculativeDecoder.for_engine(engine, drafters, default_arms=[a for a in arms if a.partition("@")[0] in drafters], limits=limits)
+    return LocalStack(engine, decoder, tokenizer, model)

@@ -1,0 +1,219 @@
+"""The ``banditspec`` Triton model's logic, without Triton.
+
+The Triton adapter (``model_repository/banditspec/1/model.py``) turns each request into a
+dict of numpy arrays and a :class:`ResponseSink`, and calls :meth:`Controller.handle`.
+Everything that decides anything is here, tested with plain numpy inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol
+
+import numpy as np
+
+from banditspec.config import GenerationRequest
+from banditspec.decoding import SpeculativeDecoder, generate
+from banditspec.engine.contract import Engine
+from banditspec.errors import BanditSpecValidationError, EngineError
+from banditspec.text import IncrementalDetokenizer, prompt_ids, stop_sequences
+
+log = logging.getLogger(__name__)
+
+
+class ResponseSink(Protocol):
+    def send(self, text: str, stats: dict | None, final: bool) -> None:
+        """One response; ``final`` closes the request's stream."""
+
+    def fail(self, kind: str, message: str) -> None:
+        """Final error response; kind is "invalid" | "unavailable" | "internal"."""
+
+    def is_cancelled(self) -> bool: ...
+
+
+# Optional inputs: name -> (kind, what the value must be). Required: text_input, max_tokens.
+INPUT_KINDS: dict[str, str] = {
+    "text_input": "text",
+    "max_tokens": "int",
+    "stream": "bool",
+    "temperature": "float",
+    "random_seed": "int",
+    "stop_words": "text_list",
+    "policy": "text",
+    "arms": "text_list",
+    "max_draft_len": "int",
+    "reward": "text",
+}
+REQUIRED_INPUTS = ("text_input", "max_tokens")
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    """Defaults from config.pbtxt parameters."""
+
+    policy: str = "ucbspec"
+    arms: tuple[str, ...] | None = None  # None = every arm the deployment serves
+    max_draft_len: int = 4
+    reward: str = "accepted"
+    chat_template: bool = True
+    max_concurrent_sequences: int = 8
+
+
+def _one(name: str, value: np.ndarray) -> object:
+    arr = np.asarray(value)
+    if arr.size != 1:
+        raise BanditSpecValidationError(name, f"expected a single value, got shape {list(arr.shape)}")
+    return arr.reshape(-1)[0]
+
+
+def _text(name: str, raw: object) -> str:
+    if isinstance(raw, (bytes, np.bytes_)):
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise BanditSpecValidationError(name, "is not valid UTF-8") from None
+    if isinstance(raw, str):
+        return raw
+    raise BanditSpecValidationError(name, f"must be a string, got {type(raw).__name__}")
+
+
+def parse_inputs(inputs: Mapping[str, np.ndarray | None], defaults: ServingDefaults) -> dict:
+    """Request tensors -> plain values, with every check that needs no tokenizer."""
+    for name in REQUIRED_INPUTS:
+        if inputs.get(name) is None:
+            raise BanditSpecValidationError(name, "is required")
+    values: dict = {}
+    for name, kind in INPUT_KINDS.items():
+        tensor = inputs.get(name)
+        if tensor is None:
+            continue
+        arr = np.asarray(tensor)
+        if kind == "text_list":
+            items = [_text(name, x) for x in arr.reshape(-1)]
+            if name == "arms":
+                items = [a.strip() for item in items for a in item.split(",") if a.strip()]
+            values[name] = items
+            continue
+        raw = _one(name, arr)
+        if kind == "text":
+            values[name] = _text(name, raw)
+        elif kind == "int":
+            if not np.issubdtype(arr.dtype, np.integer):
+                raise BanditSpecValidationError(name, f"must be an integer tensor, got {arr.dtype}")
+            values[name] = int(raw)
+        elif kind == "float":
+            if not np.issubdtype(arr.dtype, np.floating):
+                raise BanditSpecValidationError(name, f"must be a float tensor, got {arr.dtype}")
+            value = float(raw)
+            if not math.isfinite(value):
+                raise BanditSpecValidationError(name, "must be a finite number")
+            values[name] = value
+        elif kind == "bool":
+            values[name] = bool(raw)
+    values.setdefault("stream", False)
+    values.setdefault("policy", defaults.policy)
+    values.setdefault("max_draft_len", defaults.max_draft_len)
+    values.setdefault("reward", defaults.reward)
+    if "arms" not in values and defaults.arms is not None:
+        values["arms"] = list(defaults.arms)
+    return values
+
+
+class Controller:
+    """Runs requests: parse, tokenize, decode step by step through ``engine``, stream text."""
+
+    def __init__(self, decoder: SpeculativeDecoder, engine: Engine, tokenizer, defaults: ServingDefaults):
+        self.decoder = decoder
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.defaults = defaults
+        self._slots = threading.BoundedSemaphore(defaults.max_concurrent_sequences)
+        self._active = 0
+        self._active_lock = threading.Lock()
+        self.on_step: Callable | None = None  # metrics hook: (event) -> None
+
+    @property
+    def active_sequences(self) -> int:
+        return self._active
+
+    def build_request(self, inputs: Mapping[str, np.ndarray | None]) -> tuple[GenerationRequest, bool]:
+        values = parse_inputs(inputs, self.defaults)
+        request = GenerationRequest(
+            prompt_ids=prompt_ids(self.tokenizer, values["text_input"], chat=self.defaults.chat_template),
+            max_tokens=values["max_tokens"],
+            policy=values["policy"],
+            arms=values.get("arms"),
+            max_draft_len=values["max_draft_len"],
+            temperature=values.get("temperature", 0.0),
+            seed=values.get("random_seed", 0),
+            stop_sequences=stop_sequences(self.tokenizer, values.get("stop_words", [])),
+            reward=values["reward"],
+        )
+        return request, values["stream"]
+
+    def handle(self, inputs: Mapping[str, np.ndarray | None], sink: ResponseSink) -> None:
+        """Serve one request to completion; never raises."""
+        try:
+            request, stream = self.build_request(inputs)
+            session = self.decoder.start(request)
+        except BanditSpecValidationError as exc:
+            sink.fail("invalid", str(exc))
+            return
+        except Exception as exc:  # tokenizer trouble etc.: no traceback to the client
+            log.exception("request rejected")
+            sink.fail("internal", f"could not prepare the request ({type(exc).__name__})")
+            return
+        if not self._slots.acquire(blocking=False):
+            sink.fail(
+                "unavailable",
+                f"server busy: {self.defaults.max_concurrent_sequences} sequences in flight "
+                "(max_concurrent_sequences); retry later",
+            )
+            return
+        with self._active_lock:
+            self._active += 1
+        try:
+            self._run(session, stream, sink)
+        finally:
+            with self._active_lock:
+                self._active -= 1
+            self._slots.release()
+
+    def _run(self, session, stream: bool, sink: ResponseSink) -> None:
+        detok = IncrementalDetokenizer(self.tokenizer)
+        steps = generate(self.engine, session)
+        delta = ""
+        try:
+            for event in steps:
+                if self.on_step is not None:
+                    self.on_step(event)
+                delta = detok.push(event.new_token_ids, final=event.finished)
+                if event.finished:
+                    break
+                if stream and delta and not sink.is_cancelled():
+                    sink.send(delta, None, final=False)
+                if sink.is_cancelled():  # checked every step, before the next target call
+                    session.cancel()
+                    return
+        except EngineError as exc:
+            sink.fail("unavailable", f"target engine failed: {exc}")
+            return
+        except Exception as exc:
+            log.exception("decoding failed")
+            sink.fail("internal", f"decoding failed ({type(exc).__name__})")
+            return
+        finally:
+            steps.close()
+        if sink.is_cancelled():
+            return
+        stats = session.result().stats.as_dict()
+        stats["finish_reason"] = session.finish_reason
+        sink.send(delta if stream else detok.text, stats, final=True)
+
+
+def stats_json(stats: dict) -> bytes:
+    return json.dumps(stats, separators=(",", ":")).encode()

@@ -1,0 +1,84 @@
+"""Build the serving controller from ``config.pbtxt`` parameters (strings).
+
+Paths and models come only from here, never from a request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from banditspec.config import Limits
+from banditspec.decoding import SpeculativeDecoder
+from banditspec.engine.tensor_codec import InferFn, TensorEngine
+from banditspec.errors import BanditSpecValidationError
+from banditspec.runtime import build_drafters
+from banditspec.serving import Controller, ServingDefaults
+
+TARGET_KINDS = ("reference", "tensorrt_llm")
+
+
+def _flag(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _int(params: Mapping[str, str], key: str, default: int) -> int:
+    try:
+        return int(params.get(key, default))
+    except ValueError:
+        raise BanditSpecValidationError(key, f"parameter must be an integer, got {params.get(key)!r}") from None
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def load_serving_tokenizer(params: Mapping[str, str]):
+    from transformers import AutoTokenizer
+
+    from banditspec.engine.models import model_dir
+
+    folder = params.get("tokenizer_dir", "")
+    return AutoTokenizer.from_pretrained(folder or model_dir(params.get("target_model", "smollm2")))
+
+
+def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
+    kind = params.get("target_kind", "reference")
+    if kind not in TARGET_KINDS:
+        raise BanditSpecValidationError("target_kind", f"must be one of {TARGET_KINDS}")
+    tokenizer = load_serving_tokenizer(params)
+    engine = TensorEngine(
+        infer,
+        model_name=params.get("target_name", "target"),
+        vocab_size=len(tokenizer),
+        max_context=_int(params, "max_context", 2048),
+        eos_id=int(tokenizer.eos_token_id),
+        provides_hidden_states=False,
+    )
+    datastore = params.get("rest_datastore", "default")
+    drafters = build_drafters(
+        _csv(params.get("drafters", "pld,suffix,rest")),
+        tokenizer,
+        rest_datastore=None if datastore in ("", "default") else Path(datastore),
+    )
+    limits = Limits(
+        max_tokens=_int(params, "max_tokens_limit", 1024),
+        max_prompt_tokens=_int(params, "max_prompt_tokens", 1536),
+        max_stop_words=_int(params, "max_stop_words", 16),
+    )
+    default_arms = _csv(params.get("default_arms", "")) or None
+    decoder = SpeculativeDecoder.for_engine(
+        engine,
+        drafters,
+        default_arms=default_arms,
+        limits=limits,
+        drafter_deadline_s=_int(params, "drafter_deadline_ms", 500) / 1000.0,
+    )
+    defaults = ServingDefaults(
+        policy=params.get("default_policy", "ucbspec"),
+        arms=None,
+        max_draft_len=_int(params, "default_max_draft_len", 4),
+        reward=params.get("default_reward", "accepted"),
+        chat_template=_flag(params.get("chat_template", "true")),
+        max_concurrent_sequences=_int(params, "max_concurrent_sequences", 8),
+    )
+    return Controller(decoder, engine, tokenizer, defaults)

