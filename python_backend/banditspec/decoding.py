@@ -22,6 +22,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from banditspec.bandits.base import Policy
+from banditspec.budget import SpeculationBudget, UnlimitedBudget
 from banditspec.config import (
     VANILLA_ARM,
     ArmSpec,
@@ -118,6 +119,7 @@ class SpeculativeDecoder:
         default_arms: Sequence[str] | None = None,
         limits: Limits = Limits(),
         drafter_deadline_s: float = 0.5,
+        budget: SpeculationBudget | None = None,
     ):
         self.drafters = dict(drafters)
         self.vocab_size = vocab_size
@@ -127,6 +129,7 @@ class SpeculativeDecoder:
         self.default_arms = list(default_arms) if default_arms else list(self.drafters)
         self.limits = limits
         self.drafter_deadline_s = drafter_deadline_s
+        self.budget: SpeculationBudget = budget or UnlimitedBudget()
 
     @classmethod
     def for_engine(cls, engine: Engine, drafters: Mapping[str, Drafter], **kwargs) -> "SpeculativeDecoder":
@@ -194,7 +197,8 @@ class DecodingSession:
         self.stats = SpeculationStats()
         self.finished = False
         self.finish_reason: str | None = None
-        self._pending: tuple[int | None, int, float] | None = None  # (arm index, gamma, start time)
+        # (arm index, draft length, draft cut short by max_tokens/context, start time)
+        self._pending: tuple[int | None, int, bool, float] | None = None
         self._sessions: dict[str, DraftSession] = {}
         used = {a.drafter for a in arms if a.drafter}
         for name in used:
@@ -215,19 +219,21 @@ class DecodingSession:
         start = time.perf_counter()
         remaining = self._request.max_tokens - len(self._generated)
         room = self._decoder.max_context - len(self._sequence) - 1
-        limit = max(0, min(remaining - 1, room))
+        limit = max(0, min(remaining - 1, room, self._decoder.budget.gamma_cap()))
         arm_index, draft = None, Draft()
+        truncated = False
         while self._available and limit > 0:
             arm_index = self.policy.select(self._available)
             arm = self.arms[arm_index]
             if not arm.drafter:
                 break
+            truncated = limit < arm.gamma
             draft = self._propose(arm, min(arm.gamma, limit))
             if draft is not None:
                 break
             arm_index, draft = None, Draft()  # the drafter failed and was dropped: choose again
         gamma = len(draft)
-        self._pending = (arm_index, gamma, start)
+        self._pending = (arm_index, gamma, truncated, start)
         hidden_from = -1
         if self._needs_hidden:
             hidden_from = self._hidden_from
@@ -245,7 +251,7 @@ class DecodingSession:
         """Take the target's verdict for the pending step; returns what to stream."""
         if self._pending is None:
             raise RuntimeError("apply() without a pending next_verify()")
-        arm_index, gamma, start = self._pending
+        arm_index, gamma, truncated, start = self._pending
         self._pending = None
         output = [int(t) for t in np.asarray(result.output_ids).reshape(-1)]
         accepted = int(result.num_accepted)
@@ -259,9 +265,11 @@ class DecodingSession:
                 self._drop_drafter(session_name, f"observe failed: {type(exc).__name__}")
         self._append(output)
         elapsed = time.perf_counter() - start
+        self._decoder.budget.record_step(gamma, len(output), elapsed)
         arm_name = self.arms[arm_index].name if arm_index is not None else VANILLA_ARM
-        # A step whose draft was shortened by max_tokens/context says little about the arm.
-        if arm_index is not None and gamma == self.arms[arm_index].gamma:
+        # A step whose draft was cut short by max_tokens/context says little about the arm;
+        # a drafter that proposes fewer tokens than it may (no match) is rewarded as it did.
+        if arm_index is not None and not truncated:
             self.policy.update(arm_index, self._reward(accepted, elapsed))
         self.stats.arms.append(arm_name)
         self.stats.drafted.append(gamma)

@@ -16,7 +16,7 @@ from banditspec.decoding import SpeculativeDecoder
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")
+DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest")
 
 
 def build_drafters(
@@ -25,9 +25,12 @@ def build_drafters(
     *,
     target_model=None,
     rest_datastore: Path | None = None,
+    infer=None,
+    draft_model_name: str = "draft",
 ) -> dict:
     """Drafters by name. ``eagle`` needs the target model (its embedding and LM head);
-    it is skipped when no target model is given. ``rest`` uses ``rest_datastore`` or the
+    it is skipped when no target model is given. ``draft`` (a separate draft engine, the
+    TensorRT-LLM deployment's parametric arm) needs ``infer``. ``rest`` uses ``rest_datastore`` or the
     default datastore built once into the cache folder."""
     from banditspec.drafters.registry import make_drafter
 
@@ -35,10 +38,16 @@ def build_drafters(
     for name in names:
         if name == "eagle":
             if target_model is None:
-                continue
+                continue  # no hidden states and no LM head here: the arm is not served
             from banditspec.drafters.eagle import load_default_eagle_drafter
 
             drafters[name] = load_default_eagle_drafter(target_model)
+        elif name == "draft":
+            if infer is None:
+                continue  # a separate draft engine is reached only through Triton
+            from banditspec.drafters.draft_model import DraftModelDrafter
+
+            drafters[name] = DraftModelDrafter(infer, model_name=draft_model_name, end_id=int(tokenizer.eos_token_id))
         elif name == "rest":
             from banditspec.drafters.rest_datastore import default_datastore
 

@@ -14,7 +14,7 @@ from banditspec.errors import BanditSpecValidationError
 from banditspec.runtime import build_drafters
 from banditspec.serving import Controller, ServingDefaults
 
-TARGET_KINDS = ("reference", "tensorrt_llm")
+TARGET_KINDS = ("reference", "tensorrtllm")
 
 
 def _flag(text: str) -> bool:
@@ -59,11 +59,14 @@ def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
         _csv(params.get("drafters", "pld,suffix,rest")),
         tokenizer,
         rest_datastore=None if datastore in ("", "default") else Path(datastore),
+        infer=infer,
+        draft_model_name=params.get("draft_name", "draft"),
     )
     limits = Limits(
         max_tokens=_int(params, "max_tokens_limit", 1024),
         max_prompt_tokens=_int(params, "max_prompt_tokens", 1536),
         max_stop_words=_int(params, "max_stop_words", 16),
+        max_draft_len=_int(params, "max_draft_len_limit", 16),
     )
     default_arms = _csv(params.get("default_arms", "")) or None
     decoder = SpeculativeDecoder.for_engine(

@@ -240,3 +240,26 @@ def test_limits_are_configuration():
         decoder.start(GenerationRequest([1, 2], 9))
     with pytest.raises(BanditSpecValidationError, match="^text_input"):
         decoder.start(GenerationRequest([1, 2, 3, 4], 5))
+
+
+def test_a_server_wide_budget_caps_gamma_and_sees_every_step():
+    class Budget:
+        def __init__(self):
+            self.cap, self.steps = 1, []
+
+        def gamma_cap(self):
+            return self.cap
+
+        def record_step(self, gamma, tokens, seconds):
+            self.steps.append((gamma, tokens))
+
+    engine = MockEngine()
+    budget = Budget()
+    drafters = {"right": ScriptedDrafter("right", oracle(engine))}
+    decoder = SpeculativeDecoder.for_engine(engine, drafters, budget=budget)
+    result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 20, policy="fixed:right")))
+    assert result.token_ids == engine.vanilla(PROMPT, 20)
+    assert max(result.stats.drafted) == 1 and len(budget.steps) == result.stats.steps
+    budget.cap = 0
+    result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 20, policy="fixed:right")))
+    assert result.token_ids == engine.vanilla(PROMPT, 20) and max(result.stats.drafted) == 0

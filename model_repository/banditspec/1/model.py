@@ -18,11 +18,8 @@ from banditspec.serving_setup import build_controller
 
 log = logging.getLogger("banditspec.model")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-ERROR_CODES = {
-    "invalid": pb_utils.TritonError.INVALID_ARG,
-    "unavailable": pb_utils.TritonError.UNAVAILABLE,
-    "internal": pb_utils.TritonError.INTERNAL,
-}
+# pb_utils.TritonError exists only once the stub runs (not at auto-complete import time).
+ERROR_CODES = {"invalid": "INVALID_ARG", "unavailable": "UNAVAILABLE", "internal": "INTERNAL"}
 
 
 def bls_infer(model_name, tensors, output_names):
@@ -59,7 +56,8 @@ class TritonSink:
         self.closed = final
 
     def fail(self, kind, message):
-        error = pb_utils.TritonError(message, ERROR_CODES.get(kind, pb_utils.TritonError.INTERNAL))
+        code = getattr(pb_utils.TritonError, ERROR_CODES.get(kind, "INTERNAL"))
+        error = pb_utils.TritonError(message, code)
         self._sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
         self.closed = True
 

@@ -92,7 +92,7 @@ TARGET_INPUTS: dict[str, tuple[str, list[int]]] = {
     "end_id": ("TYPE_INT32", [1]),
     "exclude_input_in_output": ("TYPE_BOOL", [1]),
     "temperature": ("TYPE_FP32", [1]),
-    "random_seed": ("TYPE_UINT64", [1]),
+    "seed": ("TYPE_UINT64", [1]),  # TensorRT-LLM backend name (BLS clients send `random_seed`)
     "draft_logits": ("TYPE_FP32", [-1, -1]),
 }
 TARGET_OUTPUTS: dict[str, tuple[str, list[int]]] = {

@@ -43,7 +43,7 @@ def encode_request(req: VerifyRequest, *, with_reference_extras: bool) -> Tensor
                 tensors["draft_logits"] = np.log(np.asarray(req.draft_probs, dtype=np.float32))[None]
     if req.temperature > 0:
         tensors["temperature"] = np.array([[req.temperature]], dtype=np.float32)
-        tensors["random_seed"] = np.array([[req.seed]], dtype=np.uint64)
+        tensors["seed"] = np.array([[req.seed]], dtype=np.uint64)
     if with_reference_extras and req.hidden_from >= 0:
         tensors["hidden_states_from"] = np.array([[req.hidden_from]], dtype=np.int32)
     return tensors
@@ -81,7 +81,7 @@ def decode_request(tensors: Mapping[str, np.ndarray]) -> VerifyRequest:
         draft_ids=draft,
         draft_probs=probs,
         temperature=_scalar(tensors, "temperature", 0.0, float),
-        seed=_scalar(tensors, "random_seed", 0, int),
+        seed=_scalar(tensors, "seed", 0, int),
         end_id=_scalar(tensors, "end_id", -1, int),
         hidden_from=_scalar(tensors, "hidden_states_from", -1, int),
     )

@@ -1,0 +1,1 @@
+../../../model_repository/banditspec/1/model.py

@@ -1,0 +1,153 @@
+"""The banditspec and target Triton adapters with triton_python_backend_utils mocked.
+
+The BLS call from `banditspec` is routed into the real `target` adapter, which runs a
+mock engine; so both model.py files, the codec and the controller run end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from banditspec.paths import REPO_ROOT
+from tests.fake_tokenizer import ByteTokenizer
+from tests.glue import fake_pb_utils
+from tests.mock_engine import MockEngine
+
+REPO = REPO_ROOT / "model_repository"
+
+
+def load_model_module(name: str, pb_module):
+    sys.modules["triton_python_backend_utils"] = pb_module
+    spec = importlib.util.spec_from_file_location(f"model_{name}", REPO / name / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def config_args(name: str, **params) -> dict:
+    text = (REPO / name / "config.pbtxt").read_text()
+    import re
+
+    found = dict(re.findall(r'key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text))
+    found.update(params)
+    return {"model_config": json.dumps({"parameters": {k: {"string_value": v} for k, v in found.items()}})}
+
+
+class CountingMock(MockEngine):
+    def __init__(self):
+        super().__init__(vocab_size=257, eos_id=256, max_context=2048)
+        self.batches = []
+
+    def verify(self, requests):
+        self.batches.append(len(requests))
+        return super().verify(requests)
+
+
+@pytest.fixture
+def stack(monkeypatch):
+    """(banditspec model instance, target model instance, mock engine)."""
+    import banditspec.engine.reference as reference
+    import banditspec.serving_setup as setup
+
+    engine = CountingMock()
+    target_holder = {}
+
+    def bls(model_name, tensors, outputs):
+        assert model_name == "target"
+        request = fake_pb_utils.Request(tensors)
+        (response,) = target_holder["model"].execute([request])
+        return response
+
+    pb = fake_pb_utils.make_module(bls)
+    monkeypatch.setattr(setup, "load_serving_tokenizer", lambda params: ByteTokenizer())
+    monkeypatch.setattr(reference.ReferenceEngine, "from_name", classmethod(lambda cls, name, **kw: engine))
+    target_module = load_model_module("target", pb)
+    target = target_module.TritonPythonModel()
+    target.initialize(config_args("target"))
+    target_holder["model"] = target
+    bandit_module = load_model_module("banditspec", pb)
+    model = bandit_module.TritonPythonModel()
+    model.initialize(config_args("banditspec", drafters="pld,suffix", chat_template="false"))
+    yield model, target, engine
+    model.finalize()
+
+
+def request(text="hello world", max_tokens=30, **extra):
+    tensors = {"text_input": np.array([[text.encode()]], dtype=object), "max_tokens": np.array([[max_tokens]], dtype=np.int32)}
+    tensors.update(extra)
+    return fake_pb_utils.Request(tensors)
+
+
+def texts(sender):
+    out = []
+    for response, _ in sender.sent:
+        if response is not None and not response.has_error():
+            t = fake_pb_utils.get_output_tensor_by_name(response, "text_output")
+            out.append(t.as_numpy().reshape(-1)[0].decode())
+    return out
+
+
+def errors(sender):
+    return [(r.error().code(), r.error().message()) for r, _ in sender.sent if r is not None and r.has_error()]
+
+
+def test_batch_of_two_with_an_invalid_first_serves_the_second(stack):
+    model, _, engine = stack
+    bad = request(max_tokens=0)
+    good = request(policy=np.array([[b"ucbspec"]], dtype=object))
+    assert model.execute([bad, good]) is None
+    assert bad.sender.done.wait(10) and good.sender.done.wait(30)
+    assert errors(bad.sender) == [(fake_pb_utils.TritonError.INVALID_ARG, "max_tokens: must be >= 1, got 0")]
+    expected = ByteTokenizer().decode(engine.vanilla(list(b"hello world"), 30))
+    assert "".join(texts(good.sender)) == expected
+    assert good.sender.sent[-1][1] == fake_pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def test_stats_output_and_streaming(stack):
+    model, _, engine = stack
+    req = request(stream=np.array([[True]]), policy=np.array([[b"fixed:pld"]], dtype=object))
+    model.execute([req])
+    assert req.sender.done.wait(30)
+    chunks = texts(req.sender)
+    assert len(chunks) > 1
+    final, flags = req.sender.sent[-1]
+    stats = json.loads(fake_pb_utils.get_output_tensor_by_name(final, "speculation_stats").as_numpy().reshape(-1)[0])
+    assert stats["generated_tokens"] == 30 and set(stats["arms"]) <= {"pld@4", "vanilla"}
+    assert "".join(chunks) == ByteTokenizer().decode(engine.vanilla(list(b"hello world"), 30))
+
+
+def test_batch_dimension_above_one_is_rejected(stack):
+    model, _, _ = stack
+    req = fake_pb_utils.Request(
+        {"text_input": np.array([[b"a"], [b"b"]], dtype=object), "max_tokens": np.array([[5], [5]], dtype=np.int32)}
+    )
+    model.execute([req])
+    assert req.sender.done.wait(10)
+    (code, message), = errors(req.sender)
+    assert code == fake_pb_utils.TritonError.INVALID_ARG and message.startswith("text_input")
+
+
+def test_target_adapter_rejects_bad_tensors_per_request(stack):
+    _, target, engine = stack
+    good = fake_pb_utils.Request({"input_ids": np.array([[1, 2, 3]], dtype=np.int32), "input_lengths": np.array([[3]], dtype=np.int32)})
+    bad = fake_pb_utils.Request({"input_ids": np.array([[1, 2, 3]], dtype=np.int32), "input_lengths": np.array([[9]], dtype=np.int32)})
+    responses = target.execute([bad, good])
+    assert responses[0].has_error() and responses[0].error().message().startswith("input_lengths")
+    assert not responses[1].has_error()
+    assert engine.batches[-1] == 1
+
+
+def test_target_adapter_verifies_a_batch_in_one_engine_call(stack):
+    _, target, engine = stack
+    reqs = [
+        fake_pb_utils.Request({"input_ids": np.array([[1, 2, 3 + i]], dtype=np.int32), "draft_input_ids": np.array([[4, 5]], dtype=np.int32)})
+        for i in range(3)
+    ]
+    responses = target.execute(reqs)
+    assert engine.batches[-1] == 3
+    assert all(not r.has_error() for r in responses)

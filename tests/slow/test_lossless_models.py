@@ -1,0 +1,77 @@
+"""Losslessness on real prompts: greedy output of every policy and every single arm is
+token-identical to plain decoding (``--policy vanilla``), prompt by prompt, with the real
+SmolLM2 weights and with the tiny random model. Exact match; the first differing prompt
+is named in the failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from banditspec.config import GenerationRequest
+from banditspec.datasets import humaneval_problems, sharegpt_split
+from banditspec.decoding import run_to_completion
+from banditspec.text import prompt_ids
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 40
+
+
+def lossless_prompts() -> list[tuple[str, str]]:
+    """34 prompts: code, chat and code editing (where the output copies the input)."""
+    problems = humaneval_problems()
+    code = [("code", p["prompt"]) for p in problems[:12]]
+    edit = [
+        ("code-edit", "Rewrite this function with clearer variable names, keeping its behaviour:\n\n" + p["prompt"] + p["canonical_solution"])
+        for p in problems[12:24]
+    ]
+    chat = []
+    for conv in sharegpt_split("eval"):
+        role, text = conv[0]
+        if role == "human" and 20 <= len(text) <= 600:
+            chat.append(("chat", text))
+        if len(chat) == 10:
+            break
+    return code + edit + chat
+
+
+def methods(stack) -> list[str]:
+    arms = [a for a in stack.decoder.drafters]
+    return ["ucbspec", "exp3spec", *[f"fixed:{a}" for a in arms], "fixed:pld@1", "fixed:suffix@8"]
+
+
+def check_all(stack, max_draft_len: int = 4):
+    prompts = lossless_prompts()
+    assert len(prompts) >= 30
+    compared = 0
+    for kind, text in prompts:
+        ids = prompt_ids(stack.tokenizer, text, chat=True)
+        reference = run_to_completion(stack.engine, stack.decoder.start(GenerationRequest(ids, MAX_TOKENS, policy="vanilla"))).token_ids
+        for method in methods(stack):
+            request = GenerationRequest(ids, MAX_TOKENS, policy=method, max_draft_len=8 if method.endswith("@8") else max_draft_len, seed=7)
+            result = run_to_completion(stack.engine, stack.decoder.start(request))
+            assert result.token_ids == reference, f"{method} differs from vanilla on the {kind} prompt {text[:80]!r}"
+            compared += 1
+    return compared
+
+
+@pytest.fixture(scope="module")
+def smollm2_stack():
+    from banditspec.runtime import load_local
+
+    return load_local("smollm2", arms=("pld", "suffix", "rest", "eagle"))
+
+
+@pytest.fixture(scope="module")
+def tiny_stack():
+    from banditspec.runtime import load_local
+
+    return load_local("tiny", arms=("pld", "suffix", "rest"))
+
+
+def test_every_policy_and_arm_is_lossless_on_smollm2(smollm2_stack):
+    assert check_all(smollm2_stack) >= 30 * 6
+
+
+def test_every_policy_and_arm_is_lossless_on_the_tiny_model(tiny_stack):
+    assert check_all(tiny_stack) >= 30 * 6
