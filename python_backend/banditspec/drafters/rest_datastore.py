@@ -1,0 +1,216 @@
+"""The REST token datastore: a corpus of token ids and its suffix array, saved as .npy files.
+
+Folder layout (written by :func:`write_datastore`)::
+
+    tokens.npy        int32 [N]   documents concatenated, each followed by the separator id
+    suffix_array.npy  int32 [N]   start positions of the suffixes of tokens, in lexicographic order
+    meta.json         {"format": 1, "separator": int, "num_docs": int, "num_tokens": N, ...}
+
+The separator is larger than every token id of the corpus, so no match runs across
+documents and the last token of the corpus is always a separator.
+
+:func:`default_datastore` builds the datastore the server uses, once, into
+``cache_dir()/rest-datastore/``: assistant turns of the ShareGPT *train* split plus Python
+source of the running interpreter's standard library. HumanEval is never used (it is
+evaluation data).
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import itertools
+import json
+import logging
+import os
+import random
+import shutil
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from banditspec.errors import BanditSpecValidationError
+from banditspec.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+TOKENS_FILE = "tokens.npy"
+SUFFIX_ARRAY_FILE = "suffix_array.npy"
+META_FILE = "meta.json"
+DEFAULT_DIR_NAME = "rest-datastore"
+DEFAULT_SHAREGPT_TOKENS = 2_500_000
+DEFAULT_CODE_TOKENS = 1_000_000
+_SKIPPED_STDLIB_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+class TokenDatastore:
+    """A loaded datastore (read-only, safe to share between threads).
+
+    tokens:       int32 [N] the corpus (see the module docstring)
+    suffix_array: int32 [N] its suffix array
+    separator:    the id that ends every document
+    """
+
+    def __init__(self, tokens: np.ndarray, suffix_array: np.ndarray, separator: int):
+        if tokens.ndim != 1 or suffix_array.shape != tokens.shape:
+            raise BanditSpecValidationError("rest_datastore", "tokens and suffix_array must be 1-D arrays of one length")
+        if tokens.size == 0 or int(tokens[-1]) != separator:
+            raise BanditSpecValidationError("rest_datastore", "the corpus must end with the separator")
+        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        self.suffix_array = np.ascontiguousarray(suffix_array, dtype=np.int32)
+        self.separator = int(separator)
+        # Big-endian unsigned bytes compare like the token sequences they encode (ids >= 0),
+        # so a suffix's first m tokens are one bytes slice away.
+        self._keys = self.tokens.astype(">u4").tobytes()
+        self._sa_view = memoryview(self.suffix_array)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def suffix_range(self, pattern: Sequence[int]) -> tuple[int, int]:
+        """[lo, hi): the rows of the suffix array whose suffix starts with ``pattern`` (O(m log N))."""
+        key = np.asarray(pattern, dtype=np.int64).astype(">u4").tobytes()
+        width = len(key)
+        keys = self._keys
+
+        def prefix(start: int) -> bytes:
+            return keys[4 * start : 4 * start + width]
+
+        lo = bisect.bisect_left(self._sa_view, key, key=prefix)
+        hi = bisect.bisect_right(self._sa_view, key, lo=lo, key=prefix)
+        return lo, hi
+
+    def count(self, pattern: Sequence[int]) -> int:
+        lo, hi = self.suffix_range(pattern)
+        return hi - lo
+
+
+def write_datastore(out_dir: Path, docs: Iterable[Sequence[int]], separator: int | None = None) -> Path:
+    """Save documents of token ids (ids >= 0) as a datastore folder; returns ``out_dir``.
+
+    separator: the id placed after every document; default max id + 1. It must exceed every id.
+    """
+    from pydivsufsort import divsufsort
+
+    arrays = [np.asarray(doc, dtype=np.int64).reshape(-1) for doc in docs]
+    arrays = [a for a in arrays if a.size]
+    if not arrays:
+        raise BanditSpecValidationError("rest_datastore", "no tokens to store")
+    max_id = max(int(a.max()) for a in arrays)
+    if min(int(a.min()) for a in arrays) < 0:
+        raise BanditSpecValidationError("rest_datastore", "token ids must be >= 0")
+    separator = max_id + 1 if separator is None else int(separator)
+    if separator <= max_id or separator > np.iinfo(np.int32).max:
+        raise BanditSpecValidationError("rest_datastore", f"separator {separator} must exceed every token id ({max_id}) and fit int32")
+    sep = np.array([separator], dtype=np.int64)
+    tokens = np.concatenate(list(itertools.chain.from_iterable((a, sep) for a in arrays))).astype(np.int32)
+    suffix_array = np.asarray(divsufsort(tokens), dtype=np.int32)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    np.save(out_dir / TOKENS_FILE, tokens)
+    np.save(out_dir / SUFFIX_ARRAY_FILE, suffix_array)
+    meta = {"format": FORMAT_VERSION, "separator": separator, "num_docs": len(arrays), "num_tokens": int(tokens.size)}
+    (out_dir / META_FILE).write_text(json.dumps(meta, indent=1))
+    return out_dir
+
+
+def load_datastore(folder: Path) -> TokenDatastore:
+    folder = Path(folder)
+    meta_path = folder / META_FILE
+    if not meta_path.is_file():
+        raise BanditSpecValidationError("rest_datastore", f"no datastore in the configured folder ({META_FILE} missing)")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT_VERSION:
+        raise BanditSpecValidationError("rest_datastore", f"unsupported datastore format {meta.get('format')!r}")
+    tokens = np.load(folder / TOKENS_FILE)
+    suffix_array = np.load(folder / SUFFIX_ARRAY_FILE)
+    return TokenDatastore(tokens, suffix_array, int(meta["separator"]))
+
+
+def tokenize_texts(tokenizer: Any, texts: Iterable[str], max_tokens: int | None = None, *, batch_size: int = 64, desc: str = "tokenizing") -> list[np.ndarray]:
+    """Documents of int32 token ids (no special tokens), stopping after ``max_tokens`` tokens."""
+    from tqdm import tqdm
+
+    docs: list[np.ndarray] = []
+    total = 0
+    text_iter = iter(texts)
+    with tqdm(total=max_tokens, desc=desc, unit="tok", unit_scale=True, mininterval=1.0) as bar:
+        while max_tokens is None or total < max_tokens:
+            batch = [t for t in itertools.islice(text_iter, batch_size) if t]
+            if not batch:
+                break
+            for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+                if max_tokens is not None:
+                    ids = ids[: max_tokens - total]
+                if ids:
+                    docs.append(np.asarray(ids, dtype=np.int32))
+                    total += len(ids)
+                    bar.update(len(ids))
+                if max_tokens is not None and total >= max_tokens:
+                    break
+    return docs
+
+
+def build_datastore(out_dir: Path, tokenizer: Any, texts: Iterable[str], *, max_tokens: int | None = None, batch_size: int = 64) -> Path:
+    """Tokenize ``texts`` (progress bar) and save them as a datastore; the separator is len(tokenizer)."""
+    docs = tokenize_texts(tokenizer, texts, max_tokens, batch_size=batch_size)
+    return write_datastore(out_dir, docs, separator=len(tokenizer))
+
+
+def sharegpt_train_texts() -> Iterator[str]:
+    """Assistant ("gpt") turns of the ShareGPT train split, in file order."""
+    from banditspec.datasets import sharegpt_split
+
+    for conversation in sharegpt_split("train"):
+        for role, text in conversation:
+            if role == "gpt" and text.strip():
+                yield text
+
+
+def stdlib_python_texts() -> Iterator[str]:
+    """Source of the running interpreter's standard library (*.py, test folders skipped).
+
+    Files come in a fixed shuffled order, so that a token budget samples the whole library.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    paths = [p for p in sorted(root.rglob("*.py")) if not _SKIPPED_STDLIB_DIRS.intersection(p.relative_to(root).parts[:-1])]
+    random.Random(0).shuffle(paths)
+    for path in paths:
+        try:
+            yield path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+
+
+def default_datastore(tokenizer: Any) -> Path:
+    """The default datastore folder, built on first use (~3.5M tokens, seconds; atomic, locked)."""
+    out = cache_dir() / DEFAULT_DIR_NAME
+    if (out / META_FILE).is_file():
+        return out
+    with open(cache_dir() / f".{DEFAULT_DIR_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (out / META_FILE).is_file():
+                _build_default(out, tokenizer)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return out
+
+
+def _build_default(out: Path, tokenizer: Any) -> None:
+    log.info("building the REST datastore into %s (once)", out)
+    docs = tokenize_texts(tokenizer, sharegpt_train_texts(), DEFAULT_SHAREGPT_TOKENS, desc="REST datastore: ShareGPT train")
+    docs += tokenize_texts(tokenizer, stdlib_python_texts(), DEFAULT_CODE_TOKENS, desc="REST datastore: stdlib code")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_DIR_NAME}.tmp-", dir=cache_dir()))
+    try:
+        write_datastore(tmp, docs, separator=len(tokenizer))
+        if out.exists():  # a half-written folder of an older layout
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,150 @@
+"""REST datastore: suffix array correctness (vocab 49152), save/load round trip, building from
+texts, the default datastore's sources and its one-time atomic build."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from banditspec.drafters import rest_datastore
+from banditspec.drafters.rest_datastore import (
+    META_FILE,
+    TokenDatastore,
+    build_datastore,
+    default_datastore,
+    load_datastore,
+    write_datastore,
+)
+from banditspec.errors import BanditSpecValidationError
+
+
+class ByteTokenizer:
+    """A stand-in tokenizer: one token per UTF-8 byte, vocab 256."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [list(t.encode("utf-8")) for t in texts]}
+
+
+def brute_count(tokens: np.ndarray, pattern: list[int]) -> int:
+    m = len(pattern)
+    return sum(1 for i in range(len(tokens) - m + 1) if tokens[i : i + m].tolist() == pattern)
+
+
+def test_round_trip_and_suffix_array_with_large_ids(tmp_path):
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(49140, 49152, size=int(rng.integers(1, 40))) for _ in range(80)]
+    docs.append(np.array([0, 1, 49151]))
+    folder = write_datastore(tmp_path / "ds", docs, separator=49152)
+    store = load_datastore(folder)
+    meta = json.loads((folder / META_FILE).read_text())
+    assert meta["separator"] == 49152 and meta["num_docs"] == len(docs) and meta["num_tokens"] == len(store)
+    expected = np.concatenate([np.append(d, 49152) for d in docs]).astype(np.int32)
+    np.testing.assert_array_equal(store.tokens, expected)
+    assert store.tokens.dtype == np.int32 and store.suffix_array.dtype == np.int32
+    # the suffix array sorts the suffixes lexicographically, by token id
+    suffixes = [store.tokens[s:].tolist() for s in store.suffix_array]
+    assert suffixes == sorted(suffixes)
+    assert sorted(store.suffix_array.tolist()) == list(range(len(store)))
+    for _ in range(50):
+        doc = docs[int(rng.integers(len(docs)))]
+        start = int(rng.integers(len(doc)))
+        pattern = doc[start : start + int(rng.integers(1, 4))].tolist()
+        assert store.count(pattern) == brute_count(store.tokens, pattern)
+    assert store.count([49152 - 1, 0, 0, 0, 7]) == 0
+
+
+def test_suffix_range_rows_hold_the_pattern(tmp_path):
+    rng = random.Random(1)
+    docs = [[rng.randrange(3) for _ in range(rng.randint(1, 30))] for _ in range(40)]
+    store = load_datastore(write_datastore(tmp_path / "ds", docs))
+    for pattern in ([0], [1, 2], [2, 2, 0], [0, 1, 0, 1]):
+        lo, hi = store.suffix_range(pattern)
+        rows = store.suffix_array[lo:hi]
+        assert all(store.tokens[s : s + len(pattern)].tolist() == pattern for s in rows)
+        assert hi - lo == brute_count(store.tokens, pattern)
+
+
+def test_write_rejects_bad_corpora(tmp_path):
+    with pytest.raises(BanditSpecValidationError, match="rest_datastore"):
+        write_datastore(tmp_path / "a", [[], []])
+    with pytest.raises(BanditSpecValidationError, match="separator"):
+        write_datastore(tmp_path / "b", [[1, 5]], separator=5)
+    with pytest.raises(BanditSpecValidationError, match=">= 0"):
+        write_datastore(tmp_path / "c", [[1, -2]])
+    with pytest.raises(BanditSpecValidationError, match="separator"):
+        TokenDatastore(np.array([1, 2], np.int32), np.array([0, 1], np.int32), separator=3)
+
+
+def test_build_from_texts_stops_at_the_token_budget(tmp_path):
+    texts = ["abc", "", "de", "fghij", "never read"]
+    store = load_datastore(build_datastore(tmp_path / "ds", ByteTokenizer(), texts, max_tokens=8, batch_size=2))
+    assert store.separator == 256
+    assert store.tokens.tolist() == [*b"abc", 256, *b"de", 256, *b"fgh", 256]
+
+
+def test_stdlib_texts_skip_test_folders(tmp_path, monkeypatch):
+    (tmp_path / "pkg" / "tests").mkdir(parents=True)
+    (tmp_path / "test").mkdir()
+    (tmp_path / "site-packages").mkdir()
+    (tmp_path / "mod.py").write_text("KEEP_A = 1\n")
+    (tmp_path / "pkg" / "core.py").write_text("KEEP_B = 2\n")
+    (tmp_path / "pkg" / "tests" / "test_core.py").write_text("SKIP = 3\n")
+    (tmp_path / "test" / "test_x.py").write_text("SKIP = 4\n")
+    (tmp_path / "site-packages" / "other.py").write_text("SKIP = 5\n")
+    (tmp_path / "notes.txt").write_text("SKIP = 6\n")
+    monkeypatch.setattr(rest_datastore.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    assert sorted(rest_datastore.stdlib_python_texts()) == ["KEEP_A = 1\n", "KEEP_B = 2\n"]
+
+
+def test_sharegpt_texts_are_train_assistant_turns(monkeypatch):
+    import banditspec.datasets
+
+    asked = []
+
+    def fake_split(split):
+        asked.append(split)
+        return [(("human", "question"), ("gpt", "answer one")), (("gpt", " "), ("gpt", "answer two"))]
+
+    monkeypatch.setattr(banditspec.datasets, "sharegpt_split", fake_split)
+    assert list(rest_datastore.sharegpt_train_texts()) == ["answer one", "answer two"]
+    assert asked == ["train"]
+
+
+def test_default_datastore_is_built_once_atomically(tmp_path, monkeypatch):
+    monkeypatch.setenv("BANDITSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(rest_datastore, "sharegpt_train_texts", lambda: iter(["chat text"]))
+    monkeypatch.setattr(rest_datastore, "stdlib_python_texts", lambda: iter(["x = 1\n"]))
+    folder = default_datastore(ByteTokenizer())
+    assert folder == tmp_path / rest_datastore.DEFAULT_DIR_NAME
+    store = load_datastore(folder)
+    assert store.tokens.tolist() == [*b"chat text", 256, *b"x = 1\n", 256]
+    assert not list(tmp_path.glob("*.tmp-*"))  # the temporary build folder was renamed
+
+    def must_not_run():
+        raise AssertionError("rebuilt")
+
+    monkeypatch.setattr(rest_datastore, "sharegpt_train_texts", must_not_run)
+    assert default_datastore(ByteTokenizer()) == folder
+
+
+@pytest.mark.slow
+def test_default_datastore_with_smollm2_tokenizer():
+    from banditspec.drafters.rest import RestDrafter
+    from banditspec.engine.models import load_tokenizer
+
+    tokenizer = load_tokenizer("smollm2")
+    store = load_datastore(default_datastore(tokenizer))
+    assert 2_000_000 <= len(store) <= 4_000_000
+    assert store.separator == len(tokenizer) == 49152
+    assert int(store.tokens[store.tokens != store.separator].max()) < 49152
+    drafter = RestDrafter(store)
+    prompt = tokenizer("class Point:\n    def __init__(self", add_special_tokens=False)["input_ids"]
+    draft = drafter.start(prompt).propose(8)
+    assert len(draft) > 0
+    assert tokenizer.decode(draft.token_ids.tolist()).startswith((",", ")"))
