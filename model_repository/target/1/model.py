@@ -9,8 +9,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
+from banditspec.engine.reference import validate_request
 from banditspec.engine.tensor_codec import decode_request, encode_result
 from banditspec.errors import BanditSpecValidationError
+from banditspec.metrics import TargetEngineMetrics, sample_engine, triton_family_factory
 
 INPUT_NAMES = tuple(TARGET_INPUTS) + tuple(REFERENCE_EXTRA_INPUTS)
 log = logging.getLogger("banditspec.target")
@@ -31,6 +33,10 @@ class TritonPythonModel:
             max_context=int(params.get("max_context", "2048")),
             cache_entries=int(params.get("cache_entries", "16")),
         )
+        self.metrics = None  # the prefix KV cache as nv_banditspec_target_* gauges
+        if hasattr(pb_utils, "MetricFamily"):
+            factory = triton_family_factory(pb_utils)
+            self.metrics = TargetEngineMetrics(factory, model=args.get("model_name", "target"), version=args.get("model_version", "1"))
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -42,7 +48,9 @@ class TritonPythonModel:
                 if tensor is not None:
                     tensors[name] = tensor.as_numpy()
             try:
-                batch.append(decode_request(tensors))
+                verify_request = decode_request(tensors)
+                validate_request(verify_request, self.engine.vocab_size, self.engine.max_context)
+                batch.append(verify_request)
                 where.append(i)
             except BanditSpecValidationError as exc:
                 responses[i] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)
@@ -63,9 +71,13 @@ class TritonPythonModel:
                     responses[i] = pb_utils.InferenceResponse(
                         output_tensors=[pb_utils.Tensor(k, v) for k, v in encode_result(result).items()]
                     )
+        if self.metrics is not None:
+            self.metrics.update(sample_engine(self.engine))
         return responses
 
     def finalize(self):
+        if self.metrics is not None:
+            self.metrics.close()
         self.engine = None
 
 

@@ -1,0 +1,379 @@
+"""The torch reference engine: verifies drafts with a transformers Llama on CPU.
+
+It speaks :class:`banditspec.engine.contract.Engine`. Each ``verify`` call runs ONE
+forward pass for the whole batch over each sequence's new tokens only (the part
+of ``input_ids + draft_ids`` not found in the prefix KV cache), then decides per
+sequence: greedy acceptance at temperature 0, speculative sampling otherwise
+(math in :mod:`banditspec.engine.sampling`, cache in
+:mod:`banditspec.engine.prefix_cache`).
+
+Batching: sequences with different cached lengths ``c_b`` and different numbers of
+new tokens ``n_b`` share one pass. Each sequence's cached K/V are padded on the
+LEFT to the longest cached length ``C``, its new tokens on the RIGHT to the most new
+tokens ``N``; a [B, C + N] attention mask hides both kinds of padding and explicit
+``position_ids`` (``c_b + j``) keep rotary positions right. No query row is ever
+fully masked (each real token sees itself; pad queries see the real tokens before
+them), so no NaN appears; pad rows are discarded. Padding changes the length of
+the attention reductions, so a batched row's hidden states differ from its solo
+run by float rounding (~1e-5 measured); greedy tokens agree unless the target's top
+two logits tie within that noise (true of any change of batch or draft length).
+
+Concurrency: ``verify`` may be called from several threads; a lock runs one
+forward pass at a time (batch requests to share a pass).
+
+Hidden states are the decoder's ``last_hidden_state`` (after the final RMSNorm, i.e.
+the LM head's input), as :class:`~banditspec.engine.contract.VerifyResult` documents.
+
+End of sequence: when an accepted draft token equals ``end_id`` the output stops
+there. That EOS is reported as the target's own token (the target would have
+produced it: under greedy it is the target's argmax), so ``num_accepted`` counts the
+draft tokens before it and ``len(output_ids) == num_accepted + 1`` always holds.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from banditspec.engine.contract import VerifyRequest, VerifyResult
+from banditspec.engine.prefix_cache import LayerKV, PrefixCache, PrefixHit, cache_layers
+from banditspec.engine.sampling import (
+    count_greedy_accepted,
+    make_generator,
+    speculative_sample,
+    target_distribution,
+)
+from banditspec.errors import BanditSpecValidationError
+
+PAD_TOKEN = 0  # fed at right-padding positions; masked, its outputs discarded
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A validated :class:`VerifyRequest` in canonical types.
+
+    input_ids:   int32 [seq_len], seq_len >= 1
+    draft_ids:   int32 [gamma]
+    draft_probs: float64 [gamma, vocab] rows summing to 1, or None (deterministic draft,
+                 or greedy verification, which ignores it)
+    """
+
+    input_ids: np.ndarray
+    draft_ids: np.ndarray
+    draft_probs: torch.Tensor | None
+    temperature: float
+    seed: int
+    end_id: int
+    hidden_from: int
+
+
+def validate_request(request: VerifyRequest, vocab_size: int, max_context: int) -> CheckedRequest:
+    """Check one request; raise :class:`BanditSpecValidationError` naming the bad field."""
+    input_ids = _token_ids(request.input_ids, "input_ids", vocab_size)
+    draft_ids = _token_ids(request.draft_ids, "draft_input_ids", vocab_size)
+    if len(input_ids) == 0:
+        raise BanditSpecValidationError("input_ids", "must hold at least one token")
+    if len(input_ids) + 1 > max_context:
+        raise BanditSpecValidationError(
+            "input_ids", f"{len(input_ids)} tokens leave no room in a context of {max_context}"
+        )
+    if len(input_ids) + len(draft_ids) + 1 > max_context:
+        raise BanditSpecValidationError(
+            "draft_input_ids",
+            f"{len(input_ids)} input + {len(draft_ids)} draft tokens + 1 exceed the context of {max_context}",
+        )
+    temperature = request.temperature
+    is_number = isinstance(temperature, (int, float, np.number))
+    if not is_number or not math.isfinite(temperature) or temperature < 0:
+        raise BanditSpecValidationError("temperature", f"must be a finite number >= 0, got {temperature!r}")
+    for name in ("seed", "end_id", "hidden_from"):
+        if not isinstance(getattr(request, name), (int, np.integer)):
+            raise BanditSpecValidationError(name, f"must be an int, got {getattr(request, name)!r}")
+    if not -1 <= request.hidden_from < len(input_ids):
+        raise BanditSpecValidationError(
+            "hidden_from", f"must be -1 or in [0, {len(input_ids) - 1}], got {request.hidden_from}"
+        )
+    draft_probs = None
+    if request.draft_probs is not None and temperature > 0:
+        draft_probs = _draft_distribution(request.draft_probs, len(draft_ids), vocab_size)
+    return CheckedRequest(
+        input_ids, draft_ids, draft_probs, float(temperature),
+        int(request.seed), int(request.end_id), int(request.hidden_from),
+    )
+
+
+def _token_ids(values, field: str, vocab_size: int) -> np.ndarray:
+    """int32 [n] token ids, checked to be integers inside the vocabulary."""
+    array = np.asarray(values if values is not None else [])
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise BanditSpecValidationError(
+            field, f"must be a 1-D array of integer token ids, got {array.dtype} {array.shape}"
+        )
+    if array.min() < 0 or array.max() >= vocab_size:
+        raise BanditSpecValidationError(field, f"token ids must lie in [0, {vocab_size})")
+    return array.astype(np.int32)
+
+
+def _draft_distribution(values, gamma: int, vocab_size: int) -> torch.Tensor:
+    """float64 [gamma, vocab] rows normalised to 1."""
+    probs = np.asarray(values, dtype=np.float64)
+    if probs.shape != (gamma, vocab_size):
+        raise BanditSpecValidationError(
+            "draft_probs", f"must have shape ({gamma}, {vocab_size}), got {probs.shape}"
+        )
+    if not np.all(np.isfinite(probs)) or np.any(probs < 0):
+        raise BanditSpecValidationError("draft_probs", "must be finite and >= 0")
+    sums = probs.sum(axis=1, keepdims=True)
+    if np.any(sums <= 0):
+        raise BanditSpecValidationError("draft_probs", "every row must have positive mass")
+    return torch.from_numpy(probs / sums)
+
+
+@dataclass
+class _Job:
+    """One checked request and what the forward pass computes for it.
+
+    prefix:     the reused cached prefix; its length is the first position fed
+    new_tokens: int64 [seq_len + gamma - prefix.length], the tokens fed
+    """
+
+    request: CheckedRequest
+    prefix: PrefixHit
+    new_tokens: np.ndarray
+
+    @property
+    def start(self) -> int:
+        return self.prefix.length
+
+    @property
+    def gamma(self) -> int:
+        return len(self.request.draft_ids)
+
+
+@dataclass
+class _RowOutput:
+    """Forward output of one sequence.
+
+    hidden: float32 [n_new, hidden] states at positions start .. start + n_new - 1.
+    logits: float32 [gamma + 1, vocab] at positions seq_len - 1 .. seq_len - 1 + gamma.
+    layers: per layer (keys, values) float32 [1, kv_heads, start + n_new, head_dim].
+    """
+
+    hidden: torch.Tensor
+    logits: torch.Tensor
+    layers: list[LayerKV]
+
+
+class ReferenceEngine:
+    """Target engine over a transformers ``LlamaForCausalLM`` (fp32, CPU).
+
+    Counters: ``forward_passes`` (one per ``verify`` call), ``positions_computed``
+    (real tokens fed through the model) and ``padded_positions`` (padding added to
+    batch ragged sequences).
+    """
+
+    provides_hidden_states = True
+
+    def __init__(
+        self,
+        model,
+        *,
+        max_context: int = 2048,
+        cache_entries: int = 8,
+        cache_tokens_budget: int | None = None,
+        column_major_weights: bool = True,
+    ):
+        """model: a transformers LlamaForCausalLM (fp32, CPU), put in eval mode.
+        max_context: most tokens a sequence may hold (<= the model's positions).
+        cache_entries / cache_tokens_budget: bounds of the prefix cache (sequences /
+        tokens in all; the budget defaults to cache_entries * max_context).
+        column_major_weights: re-lay the decoder's Linear weights in place as column-major
+        views (same values) and keep a column-major copy of the LM head (vocab x hidden
+        floats more memory). On CPU, torch's GEMM over a row-major [out, in] weight is
+        ~1.3-2x slower for 1-4 input rows, the sizes of decode and verify steps.
+        """
+        config = model.config
+        if not isinstance(max_context, int) or max_context < 2:
+            raise BanditSpecValidationError("max_context", f"must be an int >= 2, got {max_context!r}")
+        if max_context > config.max_position_embeddings:
+            raise BanditSpecValidationError(
+                "max_context",
+                f"{max_context} exceeds the model's {config.max_position_embeddings} positions",
+            )
+        if cache_tokens_budget is None:
+            cache_tokens_budget = cache_entries * max_context if isinstance(cache_entries, int) else -1
+        self.cache = PrefixCache(cache_entries, cache_tokens_budget)
+        self.model = model.eval()
+        self.tokenizer = None
+        self.vocab_size: int = int(config.vocab_size)
+        self.max_context = max_context
+        eos = config.eos_token_id
+        self.eos_id: int = int(eos[0] if isinstance(eos, (list, tuple)) else (-1 if eos is None else eos))
+        self._kv_heads = int(config.num_key_value_heads)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self._head_dim = int(head_dim)
+        self._dtype = next(model.parameters()).dtype
+        self._lm_head_weight_t: torch.Tensor | None = None  # float32 [hidden, vocab]
+        if column_major_weights:
+            with torch.no_grad():
+                for module in model.model.layers.modules():
+                    if isinstance(module, torch.nn.Linear):
+                        module.weight.data = module.weight.data.t().contiguous().t()
+                self._lm_head_weight_t = model.lm_head.weight.detach().t().contiguous()
+        self._lock = threading.Lock()
+        self.forward_passes = 0
+        self.positions_computed = 0
+        self.padded_positions = 0
+
+    @classmethod
+    def from_name(cls, name: str, **kwargs) -> "ReferenceEngine":
+        """Engine over a named model of :func:`banditspec.engine.models.load_model` ("smollm2" | "tiny")."""
+        from banditspec.engine.models import load_model
+
+        model, tokenizer = load_model(name)
+        engine = cls(model, **kwargs)
+        engine.tokenizer = tokenizer
+        return engine
+
+    # --- cache --------------------------------------------------------------------
+
+    def cached_tokens(self) -> int:
+        """Tokens whose KV the prefix cache holds."""
+        with self._lock:
+            return self.cache.cached_tokens()
+
+    def clear(self) -> None:
+        """Drop every cached sequence."""
+        with self._lock:
+            self.cache.clear()
+
+    # --- verify -------------------------------------------------------------------
+
+    def verify(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]:
+        """Verify a batch in one forward pass; results in request order.
+
+        Every request is validated before anything runs; a bad one raises
+        :class:`BanditSpecValidationError` naming the field.
+        """
+        checked = [validate_request(request, self.vocab_size, self.max_context) for request in requests]
+        if not checked:
+            return []
+        with self._lock, torch.inference_mode():
+            jobs = [self._plan(request) for request in checked]
+            rows = self._forward(jobs)
+            return [self._decide(job, row) for job, row in zip(jobs, rows)]
+
+    def _plan(self, request: CheckedRequest) -> _Job:
+        # The last input token is always fed (its logits are needed), and positions
+        # from hidden_from on are recomputed when their hidden states are asked for.
+        reuse_limit = len(request.input_ids) - 1
+        if request.hidden_from >= 0:
+            reuse_limit = min(reuse_limit, request.hidden_from)
+        prefix = self.cache.lookup(request.input_ids, reuse_limit)
+        sequence = np.concatenate([request.input_ids, request.draft_ids]).astype(np.int64)
+        return _Job(request, prefix, sequence[prefix.length :])
+
+    def _forward(self, jobs: list[_Job]) -> list[_RowOutput]:
+        """One pass of the decoder over every job's new tokens; per-row outputs."""
+        batch = len(jobs)
+        cached = [job.start for job in jobs]
+        fresh = [len(job.new_tokens) for job in jobs]
+        max_cached, max_fresh = max(cached), max(fresh)
+        input_ids = torch.full((batch, max_fresh), PAD_TOKEN, dtype=torch.long)
+        position_ids = torch.zeros((batch, max_fresh), dtype=torch.long)
+        attention_mask = torch.zeros((batch, max_cached + max_fresh), dtype=torch.long)
+        for b, job in enumerate(jobs):
+            input_ids[b, : fresh[b]] = torch.from_numpy(job.new_tokens)
+            position_ids[b] = torch.arange(cached[b], cached[b] + max_fresh)
+            attention_mask[b, max_cached - cached[b] : max_cached + fresh[b]] = 1
+        ragged = batch > 1 and (min(cached) != max_cached or min(fresh) != max_fresh)
+        output = self.model.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask if ragged else None,
+            position_ids=position_ids,
+            cache=self._batched_cache(jobs, max_cached),
+            use_cache=True,
+        )
+        self.forward_passes += 1
+        self.positions_computed += sum(fresh)
+        self.padded_positions += batch * max_fresh - sum(fresh)
+
+        hidden = output.last_hidden_state  # float32 [batch, max_fresh, hidden]
+        # Logits only where a token is decided: seq_len - 1 .. seq_len - 1 + gamma.
+        first = [len(job.request.input_ids) - 1 - job.start for job in jobs]
+        decision_rows = torch.cat([hidden[b, first[b] : fresh[b]] for b in range(batch)])
+        logits = self._lm_head(decision_rows).float().split([job.gamma + 1 for job in jobs])
+        layers = [self._row_layers(output.cache, b, batch, max_cached - cached[b], max_cached + fresh[b])
+                  for b in range(batch)]
+        return [_RowOutput(hidden[b, : fresh[b]], logits[b], layers[b]) for b in range(batch)]
+
+    def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: float32 [rows, hidden] -> logits float32 [rows, vocab]."""
+        if self._lm_head_weight_t is None:
+            return self.model.lm_head(hidden)
+        logits = hidden @ self._lm_head_weight_t
+        bias = self.model.lm_head.bias
+        return logits if bias is None else logits + bias
+
+    def _batched_cache(self, jobs: list[_Job], max_cached: int) -> DynamicCache:
+        """Each job's reused KV, left-padded to max_cached: [batch, kv_heads, max_cached, head_dim]."""
+        if max_cached == 0:
+            return DynamicCache(config=self.model.config)
+        if len(jobs) == 1:
+            return jobs[0].prefix.as_cache()
+        num_layers = self.model.config.num_hidden_layers
+        shape = (len(jobs), self._kv_heads, max_cached, self._head_dim)
+        keys = [torch.zeros(shape, dtype=self._dtype) for _ in range(num_layers)]
+        values = [torch.zeros(shape, dtype=self._dtype) for _ in range(num_layers)]
+        for b, job in enumerate(jobs):
+            if job.start == 0:
+                continue
+            for layer, (k, v) in enumerate(job.prefix.layers):
+                keys[layer][b, :, max_cached - job.start :] = k[0]
+                values[layer][b, :, max_cached - job.start :] = v[0]
+        return DynamicCache(ddp_cache_data=list(zip(keys, values)))
+
+    @staticmethod
+    def _row_layers(kv: DynamicCache, b: int, batch: int, lo: int, hi: int) -> list[LayerKV]:
+        """Sequence b's real KV, positions lo..hi-1 of the padded batch: [1, kv_heads, hi - lo, head_dim]."""
+        if batch == 1:
+            return cache_layers(kv)
+        # Copies, so that a stored entry does not pin the whole batch's tensors.
+        return [(k[b : b + 1, :, lo:hi].clone(), v[b : b + 1, :, lo:hi].clone()) for k, v in cache_layers(kv)]
+
+    def _decide(self, job: _Job, row: _RowOutput) -> VerifyResult:
+        """Accept/reject the draft, store the confirmed KV, cut hidden states."""
+        request, draft_ids, input_length = job.request, job.request.draft_ids, len(job.request.input_ids)
+        if request.temperature == 0:
+            target_tokens = row.logits.argmax(dim=-1).numpy()
+            num_accepted = count_greedy_accepted(target_tokens, draft_ids)
+            next_token = int(target_tokens[num_accepted])
+        else:
+            p = target_distribution(row.logits, request.temperature)
+            generator = make_generator(request.seed, input_length)
+            outcome = speculative_sample(p, draft_ids, request.draft_probs, generator)
+            num_accepted, next_token = outcome.num_accepted, outcome.next_token
+        output_ids = np.append(draft_ids[:num_accepted], next_token).astype(np.int32)
+        eos_positions = np.flatnonzero(draft_ids[:num_accepted] == request.end_id)
+        if request.end_id >= 0 and eos_positions.size:
+            num_accepted = int(eos_positions[0])  # the EOS becomes the target's own token
+            output_ids = draft_ids[: num_accepted + 1].copy()
+
+        # Roll back: keep KV of input + accepted tokens only (what DynamicCache.crop does).
+        kept = input_length + num_accepted
+        layers = [(k[:, :, :kept], v[:, :, :kept]) for k, v in row.layers]
+        self.cache.store(np.concatenate([request.input_ids, draft_ids[:num_accepted]]), layers)
+
+        hidden_states = None
+        if request.hidden_from >= 0:
+            rows = row.hidden[request.hidden_from - job.start : kept - job.start]
+            hidden_states = rows.float().numpy().copy()
+        return VerifyResult(output_ids=output_ids, num_accepted=num_accepted, hidden_states=hidden_states)
