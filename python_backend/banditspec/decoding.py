@@ -15,7 +15,10 @@ read-only per step (drafters, limits, engine facts).
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
@@ -118,7 +121,7 @@ class SpeculativeDecoder:
         provides_hidden_states: bool = False,
         default_arms: Sequence[str] | None = None,
         limits: Limits = Limits(),
-        drafter_deadline_s: float = 0.5,
+        drafter_deadline_s: float | None = 0.5,
         budget: SpeculationBudget | None = None,
     ):
         self.drafters = dict(drafters)
@@ -128,6 +131,9 @@ class SpeculativeDecoder:
         self.provides_hidden_states = provides_hidden_states
         self.default_arms = list(default_arms) if default_arms else list(self.drafters)
         self.limits = limits
+        if drafter_deadline_s is not None and not drafter_deadline_s > 0:
+            raise BanditSpecValidationError("drafter_deadline_s", f"must be > 0 or None, got {drafter_deadline_s!r}")
+        # None: proposals run inline on the caller's thread (no deadline can be enforced).
         self.drafter_deadline_s = drafter_deadline_s
         self.budget: SpeculationBudget = budget or UnlimitedBudget()
 
@@ -200,6 +206,7 @@ class DecodingSession:
         # (arm index, draft length, draft cut short by max_tokens/context, start time)
         self._pending: tuple[int | None, int, bool, float] | None = None
         self._sessions: dict[str, DraftSession] = {}
+        self._worker: ProposeWorker | None = None  # created at the first proposal
         used = {a.drafter for a in arms if a.drafter}
         for name in used:
             try:
@@ -301,19 +308,35 @@ class DecodingSession:
             return None
         began = time.perf_counter()
         try:
-            draft = session.propose(max_len)
+            draft = self._call_propose(session, max_len)
             ids = np.asarray(draft.token_ids, dtype=np.int64).reshape(-1)[:max_len]
             if ids.size and (ids.min() < 0 or ids.max() >= self._decoder.vocab_size):
                 raise ValueError("draft token id out of range")
             probs = draft.probs[: ids.size] if draft.probs is not None else None
+        except ProposeTimeout:
+            log.warning("drafter %s missed its %.3f s deadline", arm.drafter, self._decoder.drafter_deadline_s)
+            self._worker = None  # its thread is stuck in propose(); the next proposal gets a new one
+            self._drop_drafter(arm.drafter, "deadline exceeded")
+            return None
         except Exception as exc:
             log.warning("drafter %s failed: %s", arm.drafter, exc)
             self._drop_drafter(arm.drafter, f"propose failed: {type(exc).__name__}")
             return None
-        if time.perf_counter() - began > self._decoder.drafter_deadline_s:
+        deadline = self._decoder.drafter_deadline_s
+        if deadline is not None and time.perf_counter() - began > deadline:
             # Lossless either way: this draft is still verified, but the arm is too slow to keep.
             self._drop_drafter(arm.drafter, "deadline exceeded")
         return Draft(token_ids=ids.astype(np.int32), probs=probs)
+
+    def _call_propose(self, session: DraftSession, max_len: int) -> Draft:
+        """``session.propose(max_len)``, bounded by the decoder's deadline when it has one."""
+        deadline = self._decoder.drafter_deadline_s
+        if deadline is None:
+            return session.propose(max_len)
+        if self._worker is None:
+            self._worker = ProposeWorker()
+            weakref.finalize(self, self._worker.stop)  # a session dropped unfinished frees its thread
+        return self._worker.call(session.propose, max_len, timeout=deadline)
 
     def _drop_drafter(self, drafter: str, reason: str) -> None:
         session = self._sessions.pop(drafter, None)
@@ -378,6 +401,58 @@ class DecodingSession:
             except Exception:
                 pass
         self._sessions.clear()
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+
+class ProposeTimeout(Exception):
+    """A proposal did not return within the per-step deadline."""
+
+
+class ProposeWorker:
+    """One request's drafter proposals, run on a private daemon thread so that a step
+    can stop waiting for a drafter that overruns its deadline, even one whose
+    ``propose()`` never returns: that arm is dropped and the request goes on.
+
+    A thread abandoned after a timeout finishes the stuck call (its result is discarded)
+    and exits; the session starts a new worker for its next proposal.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="banditspec-propose", daemon=True)
+        self._thread.start()
+
+    def call(self, fn, arg, *, timeout: float):
+        """``fn(arg)`` on the worker thread; raises ProposeTimeout after ``timeout`` s,
+        or what ``fn`` raised."""
+        done = threading.Event()
+        box: list = []
+        self._jobs.put((fn, arg, box, done))
+        if not done.wait(timeout):
+            self.stop()
+            raise ProposeTimeout()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def stop(self) -> None:
+        """Let the thread exit once its current call (if any) returns."""
+        self._jobs.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, arg, box, done = job
+            try:
+                box.append((True, fn(arg)))
+            except BaseException as exc:  # handed to the caller, never lost on this thread
+                box.append((False, exc))
+            done.set()
 
 
 def generate(engine: Engine, session: DecodingSession) -> Iterator[StepEvent]:

@@ -48,6 +48,10 @@ def build_drafters(
             from banditspec.drafters.draft_model import DraftModelDrafter
 
             drafters[name] = DraftModelDrafter(infer, model_name=draft_model_name, end_id=int(tokenizer.eos_token_id))
+        elif name.startswith("fault_"):  # test-only fault injection (config.pbtxt only)
+            from banditspec.drafters.faulty import make_faulty_drafter
+
+            drafters[name] = make_faulty_drafter(name)
         elif name == "rest":
             from banditspec.drafters.rest_datastore import default_datastore
 

@@ -50,6 +50,15 @@ INPUT_KINDS: dict[str, str] = {
 }
 REQUIRED_INPUTS = ("text_input", "max_tokens")
 
+# How a request ended, as reported to Controller.on_request_done (metrics label values).
+OUTCOME_SUCCESS = "success"
+OUTCOME_CANCELLED = "cancelled"
+OUTCOME_INVALID = "invalid"
+OUTCOME_BUSY = "busy"
+OUTCOME_TARGET_ERROR = "target_error"
+OUTCOME_INTERNAL = "internal"
+OUTCOMES = (OUTCOME_SUCCESS, OUTCOME_CANCELLED, OUTCOME_INVALID, OUTCOME_BUSY, OUTCOME_TARGET_ERROR, OUTCOME_INTERNAL)
+
 
 @dataclass(frozen=True)
 class ServingDefaults:
@@ -134,7 +143,19 @@ class Controller:
         self._slots = threading.BoundedSemaphore(defaults.max_concurrent_sequences)
         self._active = 0
         self._active_lock = threading.Lock()
-        self.on_step: Callable | None = None  # metrics hook: (event) -> None
+        # Observability hooks (metrics); a hook that raises is logged, never fails a request.
+        self.on_step: Callable | None = None  # (StepEvent) -> None, every decoding step
+        self.on_active: Callable[[int], None] | None = None  # (sequences in flight) on every change
+        # (outcome: one of OUTCOMES, the request's SpeculationStats or None when it never started)
+        self.on_request_done: Callable | None = None
+
+    def _notify(self, hook: Callable | None, *args) -> None:
+        if hook is None:
+            return
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("observability hook failed")
 
     @property
     def active_sequences(self) -> int:
@@ -162,10 +183,12 @@ class Controller:
             session = self.decoder.start(request)
         except BanditSpecValidationError as exc:
             sink.fail("invalid", str(exc))
+            self._notify(self.on_request_done, OUTCOME_INVALID, None)
             return
         except Exception as exc:  # tokenizer trouble etc.: no traceback to the client
             log.exception("request rejected")
             sink.fail("internal", f"could not prepare the request ({type(exc).__name__})")
+            self._notify(self.on_request_done, OUTCOME_INTERNAL, None)
             return
         if not self._slots.acquire(blocking=False):
             sink.fail(
@@ -173,24 +196,31 @@ class Controller:
                 f"server busy: {self.defaults.max_concurrent_sequences} sequences in flight "
                 "(max_concurrent_sequences); retry later",
             )
+            self._notify(self.on_request_done, OUTCOME_BUSY, None)
             return
         with self._active_lock:
             self._active += 1
+            active = self._active
+        self._notify(self.on_active, active)
+        outcome = OUTCOME_INTERNAL
         try:
-            self._run(session, stream, sink)
+            outcome = self._run(session, stream, sink)
         finally:
             with self._active_lock:
                 self._active -= 1
+                active = self._active
             self._slots.release()
+            self._notify(self.on_active, active)
+            self._notify(self.on_request_done, outcome, session.stats)
 
-    def _run(self, session, stream: bool, sink: ResponseSink) -> None:
+    def _run(self, session, stream: bool, sink: ResponseSink) -> str:
+        """Decode ``session`` to the end, streaming through ``sink``; returns the outcome."""
         detok = IncrementalDetokenizer(self.tokenizer)
         steps = generate(self.engine, session)
         delta = ""
         try:
             for event in steps:
-                if self.on_step is not None:
-                    self.on_step(event)
+                self._notify(self.on_step, event)
                 delta = detok.push(event.new_token_ids, final=event.finished)
                 if event.finished:
                     break
@@ -198,21 +228,22 @@ class Controller:
                     sink.send(delta, None, final=False)
                 if sink.is_cancelled():  # checked every step, before the next target call
                     session.cancel()
-                    return
+                    return OUTCOME_CANCELLED
         except EngineError as exc:
             sink.fail("unavailable", f"target engine failed: {exc}")
-            return
+            return OUTCOME_TARGET_ERROR
         except Exception as exc:
             log.exception("decoding failed")
             sink.fail("internal", f"decoding failed ({type(exc).__name__})")
-            return
+            return OUTCOME_INTERNAL
         finally:
             steps.close()
         if sink.is_cancelled():
-            return
+            return OUTCOME_CANCELLED
         stats = session.result().stats.as_dict()
         stats["finish_reason"] = session.finish_reason
         sink.send(delta if stream else detok.text, stats, final=True)
+        return OUTCOME_SUCCESS
 
 
 def stats_json(stats: dict) -> bytes:

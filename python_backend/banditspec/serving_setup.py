@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
+from banditspec.batching import make_gamma_budget
 from banditspec.config import Limits
 from banditspec.decoding import SpeculativeDecoder
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
@@ -69,12 +70,14 @@ def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
         max_draft_len=_int(params, "max_draft_len_limit", 16),
     )
     default_arms = _csv(params.get("default_arms", "")) or None
+    budget = make_gamma_budget(params.get("gamma_controller", "off"), _int(params, "gamma_controller_max", 4))
     decoder = SpeculativeDecoder.for_engine(
         engine,
         drafters,
         default_arms=default_arms,
         limits=limits,
         drafter_deadline_s=_int(params, "drafter_deadline_ms", 500) / 1000.0,
+        budget=budget,
     )
     defaults = ServingDefaults(
         policy=params.get("default_policy", "ucbspec"),
@@ -84,4 +87,7 @@ def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
         chat_template=_flag(params.get("chat_template", "true")),
         max_concurrent_sequences=_int(params, "max_concurrent_sequences", 8),
     )
-    return Controller(decoder, engine, tokenizer, defaults)
+    controller = Controller(decoder, engine, tokenizer, defaults)
+    if hasattr(budget, "bind_active_sequences"):  # the server's exact count of sequences in flight
+        budget.bind_active_sequences(lambda: controller.active_sequences)
+    return controller

@@ -13,6 +13,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from banditspec.errors import EngineError
+from banditspec.metrics import build_serving_metrics, triton_family_factory
 from banditspec.serving import INPUT_KINDS, stats_json
 from banditspec.serving_setup import build_controller
 
@@ -70,6 +71,13 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.controller = build_controller(params, bls_infer)
+        self.metrics = build_serving_metrics(
+            self.controller,
+            triton_family_factory(pb_utils) if hasattr(pb_utils, "MetricFamily") else None,
+            params,
+            model=args.get("model_name", "banditspec"),
+            version=args.get("model_version", "1"),
+        )
         self.shutting_down = threading.Event()
         workers = self.controller.defaults.max_concurrent_sequences + 4
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="banditspec")
@@ -103,3 +111,4 @@ class TritonPythonModel:
     def finalize(self):
         self.shutting_down.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.metrics.close()

@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from banditspec.batching.target_metrics import VerifyBatchMetrics
 from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
 from banditspec.engine.reference import validate_request
 from banditspec.engine.tensor_codec import decode_request, encode_result
@@ -37,6 +38,12 @@ class TritonPythonModel:
         if hasattr(pb_utils, "MetricFamily"):
             factory = triton_family_factory(pb_utils)
             self.metrics = TargetEngineMetrics(factory, model=args.get("model_name", "target"), version=args.get("model_version", "1"))
+        # batches > 1 seen from outside: nv_banditspec_target_verified_sequences / _verify_batches
+        self.batch_metrics = VerifyBatchMetrics(
+            triton_family_factory(pb_utils) if hasattr(pb_utils, "MetricFamily") else None,
+            model=args.get("model_name", "target"),
+            version=args.get("model_version", "1"),
+        )
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -67,6 +74,7 @@ class TritonPythonModel:
                 for i in where:
                     responses[i] = _error(f"target: verification failed ({type(exc).__name__})", pb_utils.TritonError.INTERNAL)
             if results is not None:
+                self.batch_metrics.record(batch, results)
                 for i, result in zip(where, results):
                     responses[i] = pb_utils.InferenceResponse(
                         output_tensors=[pb_utils.Tensor(k, v) for k, v in encode_result(result).items()]
@@ -78,6 +86,7 @@ class TritonPythonModel:
     def finalize(self):
         if self.metrics is not None:
             self.metrics.close()
+        self.batch_metrics.close()
         self.engine = None
 
 

@@ -38,8 +38,10 @@ TINY_CONFIG = dict(
     eos_token_id=2,
     rms_norm_eps=1e-5,
     rope_theta=10000.0,
+    initializer_range=0.2,  # wide enough that greedy output varies instead of repeating one token
 )
 TINY_SEED = 1234
+TINY_VERSION = 2  # bump when TINY_CONFIG changes: the cache folder is keyed by it
 
 
 def gguf_folder() -> Path:
@@ -84,7 +86,7 @@ def model_dir(name: str) -> Path:
     """Folder of a HF checkpoint (config.json, model.safetensors, tokenizer), built on first use."""
     if name not in MODEL_NAMES:
         raise ValueError(f"model must be one of {MODEL_NAMES}, got {name!r}")
-    out = cache_dir() / f"model-{name}"
+    out = cache_dir() / (f"model-tiny-v{TINY_VERSION}" if name == "tiny" else f"model-{name}")
     if (out / "config.json").exists():
         return out
     with _build_lock(name):
