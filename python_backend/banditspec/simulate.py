@@ -178,12 +178,12 @@ def _numbers(text: str, kind: type) -> tuple:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``banditspec simulate``."""
-    parser.add_argument("--lengths", type=lambda s: _numbers(s, int), default=(250, 500, 1000, 2000, 4000, 8000),
-                        help="tokens to generate, comma-separated (default 250,...,8000)")
+    parser.add_argument("--lengths", type=lambda s: _numbers(s, int), default=(250, 500, 1000, 2000, 4000, 8000, 16000, 32000),
+                        help="tokens to generate, comma-separated (default 250,...,32000)")
     parser.add_argument("--runs", type=int, default=20, help="seeded runs per policy (default 20)")
     parser.add_argument("--L", type=int, default=4, help="max speculation length L (default 4)")
-    parser.add_argument("--alphas", type=lambda s: _numbers(s, float), default=(0.3, 0.5, 0.7, 0.8),
-                        help="per-token acceptance rate of each arm (default 0.3,0.5,0.7,0.8)")
+    parser.add_argument("--alphas", type=lambda s: _numbers(s, float), default=(0.2, 0.4, 0.6, 0.9),
+                        help="per-token acceptance rate of each arm (default 0.2,0.4,0.6,0.9)")
     parser.add_argument("--policies", type=lambda s: tuple(p for p in s.split(",") if p),
                         default=POLICY_NAMES, help=f"comma-separated (default {','.join(POLICY_NAMES)})")
     parser.add_argument("--seed", type=int, default=0)

@@ -104,3 +104,15 @@ def test_command_rejects_unknown_policy(tmp_path, capsys):
     assert simulate.run(args) == 2
     assert "policy" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_ucbspec_regret_grows_like_log_length_on_the_default_arms():
+    """Each 4x of the length adds about the same regret (log growth); sqrt growth would
+    double the increment and linear growth would quadruple it."""
+    arms = TruncatedGeometricArms((0.2, 0.4, 0.6, 0.9), max_draft_len=4)
+    table = simulate_regret(arms, ("ucbspec", "uniform"), (1000, 4000, 16000), runs=20, seed=0)
+    ucb, uniform = table.mean()
+    first, second = ucb[1] - ucb[0], ucb[2] - ucb[1]
+    assert 0 < first and 0 < second < 1.9 * first
+    assert ucb[2] / ucb[0] < 2.6  # sqrt(16) = 4, linear = 16
+    assert uniform[2] / uniform[0] > 12
