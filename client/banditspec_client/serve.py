@@ -194,6 +194,7 @@ class TritonServer:
         proc, self.process = self.process, None
         if proc is None:
             return None
+        regions = _stub_shm_regions(proc.pid)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -202,6 +203,11 @@ class TritonServer:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         _kill_group(proc.pid)
+        for region in regions:  # left behind only when the server had to be killed
+            try:
+                os.unlink(Path("/dev/shm") / region)
+            except FileNotFoundError:
+                pass
         if self.repository is not None:
             shutil.rmtree(self.repository, ignore_errors=True)
         return proc.returncode
@@ -217,6 +223,26 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _stub_shm_regions(pgid: int) -> list[str]:
+    """Names of the /dev/shm regions of the Python-backend stubs in the server's process group
+    (a stub's second argument is its region's name)."""
+    regions = []
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc_dir.name)) != pgid:
+                continue
+            argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ProcessLookupError):
+            continue
+        if argv and argv[0].endswith(b"triton_python_backend_stub") and len(argv) > 2:
+            name = argv[2].decode(errors="replace").lstrip("/")
+            if name and "/" not in name:
+                regions.append(name)
+    return regions
 
 
 def _kill_group(pgid: int) -> None:

@@ -77,6 +77,7 @@ class TritonPythonModel:
             params,
             model=args.get("model_name", "banditspec"),
             version=args.get("model_version", "1"),
+            log_line=pb_utils.Logger.log_info if hasattr(pb_utils, "Logger") else None,
         )
         self.shutting_down = threading.Event()
         workers = self.controller.defaults.max_concurrent_sequences + 4

@@ -1,0 +1,73 @@
+"""Observability: running totals (:mod:`.stats`, pure), a periodic log line
+(:mod:`.logs`), Prometheus metrics through an injected metric-family factory
+(:mod:`.prometheus`), and the observer that feeds them from the controller (:mod:`.hub`).
+
+``build_serving_metrics`` is what the Triton ``banditspec`` model calls; its
+``config.pbtxt`` parameters: ``metrics`` ("true"/"false") and ``metrics_log_interval_s``
+(seconds between summary log lines; "0" = none).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from banditspec.errors import BanditSpecValidationError
+from banditspec.metrics.hub import ServingMetrics
+from banditspec.metrics.logs import SummaryLogger, format_summary
+from banditspec.metrics.prometheus import (
+    MetricFamilyFactory,
+    PrometheusMetrics,
+    TargetEngineMetrics,
+    triton_family_factory,
+)
+from banditspec.metrics.stats import ServingStats, StatsSnapshot, sample_engine
+
+__all__ = [
+    "MetricFamilyFactory",
+    "PrometheusMetrics",
+    "ServingMetrics",
+    "ServingStats",
+    "StatsSnapshot",
+    "SummaryLogger",
+    "TargetEngineMetrics",
+    "build_serving_metrics",
+    "format_summary",
+    "sample_engine",
+    "triton_family_factory",
+]
+
+
+def build_serving_metrics(
+    controller,
+    factory: MetricFamilyFactory | None,
+    params: Mapping[str, str],
+    *,
+    model: str = "banditspec",
+    version: str = "1",
+    log_line: Callable[[str], None] | None = None,
+) -> ServingMetrics:
+    """A ServingMetrics attached to ``controller``: Prometheus through ``factory`` unless the
+    ``metrics`` parameter is false (or ``factory`` is None), a summary through ``log_line``
+    (default: the ``banditspec.metrics`` logger) every ``metrics_log_interval_s`` seconds
+    unless that is 0."""
+    from banditspec.serving import OUTCOMES
+
+    enabled = params.get("metrics", "true").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        interval = float(params.get("metrics_log_interval_s", "60"))
+    except ValueError:
+        raise BanditSpecValidationError("metrics_log_interval_s", "parameter must be a number of seconds") from None
+    if interval < 0:
+        raise BanditSpecValidationError("metrics_log_interval_s", f"must be >= 0, got {interval}")
+    stats = ServingStats()
+    exporter = None
+    if enabled and factory is not None:
+        exporter = PrometheusMetrics(
+            factory,
+            model=model,
+            version=version,
+            max_draft_len=controller.decoder.limits.max_draft_len,
+            outcomes=OUTCOMES,
+        )
+    summary = SummaryLogger(stats, interval_s=interval, emit=log_line) if interval > 0 else None
+    return ServingMetrics(stats=stats, exporter=exporter, summary=summary).attach(controller)

@@ -1,0 +1,137 @@
+"""Fault-injection drafters and the per-step drafter deadline, in process (mock target)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from banditspec.config import GenerationRequest
+from banditspec.decoding import ProposeTimeout, ProposeWorker, SpeculativeDecoder, run_to_completion
+from banditspec.drafters.faulty import (
+    FAULTY_DRAFTER_NAMES,
+    HangingDrafter,
+    InjectedFault,
+    RaisingDrafter,
+    make_faulty_drafter,
+)
+from banditspec.errors import BanditSpecValidationError
+from banditspec.runtime import build_drafters
+from tests.mock_engine import MockEngine
+from tests.unit.test_decoding import ScriptedDrafter, oracle
+
+PROMPT = [3, 5, 7, 11]
+
+
+def decoder_with(engine, faulty, deadline_s):
+    drafters = {"right": ScriptedDrafter("right", oracle(engine, length_cap=2)), faulty.name: faulty}
+    return SpeculativeDecoder.for_engine(engine, drafters, drafter_deadline_s=deadline_s)
+
+
+@pytest.mark.parametrize("policy", ["ucbspec", "exp3spec", "uniform"])
+def test_a_raising_drafter_is_dropped_and_the_output_is_lossless(policy):
+    engine = MockEngine()
+    faulty = RaisingDrafter(fail_after=2)
+    decoder = decoder_with(engine, faulty, deadline_s=1.0)
+    request = GenerationRequest(PROMPT, 40, policy=policy, arms=["fault_raise", "right"], seed=3)
+    result = run_to_completion(engine, decoder.start(request))
+    assert result.token_ids == engine.vanilla(PROMPT, 40)
+    assert result.stats.dropped_arms == {"fault_raise@4": "propose failed: InjectedFault"}
+    assert faulty.faults_raised == 1  # dropped at its first fault, never asked again
+    assert result.stats.arms.count("fault_raise@4") == faulty.fail_after  # its two good (empty) drafts
+
+
+def test_a_hanging_drafter_costs_one_deadline_then_its_arm():
+    engine = MockEngine()
+    faulty = HangingDrafter(max_hang_s=20)
+    decoder = decoder_with(engine, faulty, deadline_s=0.05)
+    request = GenerationRequest(PROMPT, 30, policy="ucbspec", arms=["fault_hang", "right"])
+    started = time.perf_counter()
+    result = run_to_completion(engine, decoder.start(request))
+    elapsed = time.perf_counter() - started
+    assert result.token_ids == engine.vanilla(PROMPT, 30)
+    assert result.stats.dropped_arms == {"fault_hang@4": "deadline exceeded"}
+    assert faulty.hangs_started == 1
+    assert elapsed < faulty.max_hang_s / 2, "the step waited for the hung proposal instead of its deadline"
+    # dropping the arm closed its session, which releases the stuck proposal thread
+    deadline = time.monotonic() + 5
+    while faulty.hanging and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert faulty.hanging == 0
+
+
+def test_a_fixed_policy_on_a_hanging_arm_falls_back_to_plain_decoding():
+    engine = MockEngine()
+    decoder = decoder_with(engine, HangingDrafter(max_hang_s=20), deadline_s=0.05)
+    result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 12, policy="fixed:fault_hang")))
+    assert result.token_ids == engine.vanilla(PROMPT, 12)
+    assert set(result.stats.arms) == {"vanilla"} and result.stats.steps == 12
+
+
+def test_concurrent_requests_with_hanging_drafters_all_finish():
+    engine = MockEngine()
+    faulty = HangingDrafter(max_hang_s=20)
+    decoder = decoder_with(engine, faulty, deadline_s=0.05)
+    results = {}
+
+    def run(i):
+        request = GenerationRequest(PROMPT + [i], 20, policy="ucbspec", arms=["fault_hang", "right"])
+        results[i] = run_to_completion(engine, decoder.start(request)).token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert all(results[i] == engine.vanilla(PROMPT + [i], 20) for i in range(6))
+    assert faulty.hangs_started == 6
+
+
+def test_without_a_deadline_proposals_run_inline():
+    engine = MockEngine()
+    seen = []
+    drafters = {"right": ScriptedDrafter("right", lambda ctx, n: seen.append(threading.current_thread()) or [])}
+    decoder = SpeculativeDecoder.for_engine(engine, drafters, drafter_deadline_s=None)
+    run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 5, policy="fixed:right")))
+    assert seen and all(t is threading.current_thread() for t in seen)
+    with pytest.raises(BanditSpecValidationError, match="^drafter_deadline_s"):
+        SpeculativeDecoder.for_engine(engine, drafters, drafter_deadline_s=0)
+
+
+def test_propose_worker_returns_raises_and_times_out():
+    worker = ProposeWorker()
+    try:
+        assert worker.call(lambda x: x * 2, 21, timeout=1.0) == 42
+        with pytest.raises(KeyError):
+            worker.call(lambda x: {}[x], "missing", timeout=1.0)
+    finally:
+        worker.stop()
+    release = threading.Event()
+    stuck = ProposeWorker()
+    with pytest.raises(ProposeTimeout):
+        stuck.call(lambda _: release.wait(10), None, timeout=0.02)
+    release.set()
+    stuck._thread.join(5)
+    assert not stuck._thread.is_alive(), "an abandoned worker exits once its call returns"
+
+
+def test_faulty_drafters_are_built_only_by_name_and_validate_arguments():
+    built = build_drafters(list(FAULTY_DRAFTER_NAMES), tokenizer=None)
+    assert isinstance(built["fault_raise"], RaisingDrafter) and isinstance(built["fault_hang"], HangingDrafter)
+    with pytest.raises(BanditSpecValidationError, match="^drafters"):
+        make_faulty_drafter("fault_segfault")
+    with pytest.raises(BanditSpecValidationError, match="^fail_after"):
+        RaisingDrafter(fail_after=-1)
+    with pytest.raises(BanditSpecValidationError, match="^max_hang_s"):
+        HangingDrafter(max_hang_s=0)
+    session = RaisingDrafter().start([1, 2])
+    with pytest.raises(InjectedFault):
+        session.propose(4)
+
+
+def test_a_request_cannot_name_a_fault_drafter_the_deployment_did_not_build():
+    engine = MockEngine()
+    decoder = SpeculativeDecoder.for_engine(engine, {"right": ScriptedDrafter("right", oracle(engine))})
+    with pytest.raises(BanditSpecValidationError, match="^arms: unknown arm 'fault_hang'"):
+        decoder.start(GenerationRequest(PROMPT, 5, arms=["fault_hang"]))
