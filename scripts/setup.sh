@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# perf_analyzer (tritonclient[all]) needs Debian's libb64; install it when missing and root.
+if ! dpkg -s libb64-0d >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get install -y -qq libb64-0d >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libb64-0d >/dev/null 2>&1; } || echo "warning: libb64-0d not installed (perf_analyzer will not start)"
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

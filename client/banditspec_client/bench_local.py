@@ -1,0 +1,116 @@
+"""In-process benchmark runner: the torch reference engine and the drafters in this process.
+
+Fairness rules (every method pays the same costs):
+
+* the engine's prefix KV cache is cleared before each request, so that a method never
+  reuses the prompt prefill of the method that ran the same prompt before it;
+* methods whose requests feed the suffix drafter's global trie of past outputs (suffix,
+  the adaptive policies) each get their own suffix drafter, so none sees the output of
+  the *same* prompt produced by another method; each has seen the earlier prompts' outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+from banditspec_client.bench_methods import FIXED_DRAFTERS, Method, RunRecord, digest
+from banditspec_client.workloads import Prompt
+
+log = logging.getLogger(__name__)
+
+
+class InProcessRunner:
+    """Runs (prompt, method) pairs on one shared :class:`ReferenceEngine`."""
+
+    label = "in-process"
+
+    def __init__(self, model: str = "smollm2", *, max_draft_len: int = 4, seed: int = 0,
+                 drafters: Sequence[str] = FIXED_DRAFTERS, adaptive_drafters: Sequence[str] = FIXED_DRAFTERS,
+                 max_context: int = 2048):
+        from banditspec.engine.reference import ReferenceEngine
+
+        self.model = model
+        self.max_draft_len = max_draft_len
+        self.seed = seed
+        self.adaptive_drafters = list(adaptive_drafters)
+        self.engine = ReferenceEngine.from_name(model, max_context=max_context)
+        self.tokenizer = self.engine.tokenizer
+        self.shared_drafters: dict = {}
+        self.unavailable: dict[str, str] = {}  # drafter -> why it is not served
+        for name in drafters:
+            try:
+                self.shared_drafters.update(self._build([name]))
+            except Exception as exc:  # e.g. the Eagle head is not trained/installed yet
+                self.unavailable[name] = f"{type(exc).__name__}: {exc}"
+        self._decoders: dict[str, object] = {}
+
+    def _build(self, names: Sequence[str]) -> dict:
+        from banditspec.runtime import build_drafters
+
+        built = build_drafters(list(names), self.tokenizer, target_model=self.engine.model)
+        missing = [n for n in names if n not in built]
+        if missing:
+            raise RuntimeError(f"drafter(s) {missing} not built")
+        return built
+
+    @property
+    def adaptive_arms(self) -> list[str]:
+        """The adaptive methods' arm set: the wanted drafters that could be built."""
+        return [d for d in FIXED_DRAFTERS if d in self.shared_drafters and d in self.adaptive_drafters]
+
+    def available(self, methods: Sequence[Method]) -> tuple[list[Method], dict[str, str]]:
+        """(methods this stack can run, {skipped method: reason})."""
+        usable, skipped = [], {}
+        for method in methods:
+            if method.fixed_arm and method.drafter not in self.shared_drafters:
+                why = self.unavailable.get(method.drafter, "not built")
+                skipped[method.name] = f"drafter {method.drafter!r} unavailable: {why}"
+            elif method.adaptive and not self.adaptive_arms:
+                skipped[method.name] = "no drafter available"
+            else:
+                usable.append(method)
+        return usable, skipped
+
+    def _decoder(self, method: Method):
+        from banditspec.decoding import SpeculativeDecoder
+
+        if method.name not in self._decoders:
+            drafters = dict(self.shared_drafters)
+            if method.needs_suffix_state and "suffix" in drafters:
+                drafters.update(self._build(["suffix"]))  # a private global trie
+            self._decoders[method.name] = SpeculativeDecoder.for_engine(
+                self.engine, drafters, default_arms=self.adaptive_arms
+            )
+        return self._decoders[method.name]
+
+    def run(self, prompt: Prompt, method: Method, max_tokens: int) -> RunRecord:
+        from banditspec.config import GenerationRequest
+        from banditspec.decoding import run_to_completion
+        from banditspec.text import prompt_ids
+
+        decoder = self._decoder(method)
+        request = GenerationRequest(
+            prompt_ids=prompt_ids(self.tokenizer, prompt.text, chat=True),
+            max_tokens=max_tokens,
+            policy=method.policy,
+            arms=self.adaptive_arms if method.adaptive else None,
+            max_draft_len=self.max_draft_len,
+            seed=self.seed,
+            reward=method.reward,
+        )
+        self.engine.clear()
+        cpu_started, started = time.process_time(), time.perf_counter()
+        session = decoder.start(request)
+        result = run_to_completion(self.engine, session)
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        stats = result.stats.as_dict()
+        stats["finish_reason"] = result.finish_reason
+        return RunRecord.from_stats(
+            workload=prompt.workload, kind=prompt.kind, prompt_id=prompt.prompt_id, method=method.name,
+            seconds=seconds, output_digest=digest(result.token_ids), stats=stats, cpu_seconds=cpu_seconds,
+        )
+
+    def close(self) -> None:
+        self.engine.clear()

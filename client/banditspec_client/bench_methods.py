@@ -1,0 +1,163 @@
+"""What a benchmark compares (methods) and what one measured run records.
+
+Method names (``--methods``):
+
+* ``vanilla``: plain decoding (policy ``vanilla``);
+* ``pld`` | ``suffix`` | ``rest`` | ``eagle`` (optionally ``@GAMMA``): one fixed arm
+  (policy ``fixed:<arm>``) drafting L tokens (or GAMMA);
+* ``ucbspec`` | ``exp3spec`` (optionally ``:accepted`` or ``:throughput``, the reward;
+  without it the ``--reward`` option decides): the adaptive policy over every drafter
+  arm the stack serves, each at L.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from banditspec.config import REWARD_CHOICES
+from banditspec.errors import BanditSpecValidationError
+
+FIXED_DRAFTERS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")
+ADAPTIVE_POLICIES: tuple[str, ...] = ("ucbspec", "exp3spec")
+DEFAULT_METHODS = "vanilla,pld,suffix,rest,eagle,ucbspec,exp3spec"
+VANILLA = "vanilla"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One compared configuration.
+
+    name:    the label in tables and plots, e.g. "pld", "ucbspec", "ucbspec:throughput"
+    policy:  the request's policy: "vanilla", "fixed:pld" (or "fixed:pld@2"), "ucbspec", ...
+    drafter: the drafter a fixed arm needs ("" for vanilla and adaptive methods)
+    reward:  the request's reward ("accepted" | "throughput"); only adaptive methods learn from it
+    """
+
+    name: str
+    policy: str
+    drafter: str = ""
+    reward: str = "accepted"
+
+    @property
+    def adaptive(self) -> bool:
+        return self.policy in ADAPTIVE_POLICIES
+
+    @property
+    def fixed_arm(self) -> bool:
+        return self.policy.startswith("fixed:")
+
+    @property
+    def needs_suffix_state(self) -> bool:
+        """True when the method's requests feed the suffix drafter's global trie of past
+        outputs (its results then depend on what ran before it on the same drafter)."""
+        return self.adaptive or self.drafter == "suffix"
+
+
+def _parse_one(text: str, reward: str) -> list[Method]:
+    if text == VANILLA:
+        return [Method(VANILLA, VANILLA)]
+    policy, _, method_reward = text.partition(":")
+    if policy in ADAPTIVE_POLICIES:
+        if method_reward and method_reward not in REWARD_CHOICES:
+            raise BanditSpecValidationError("methods", f"{text!r}: reward must be one of {REWARD_CHOICES}")
+        rewards = [method_reward] if method_reward else (list(REWARD_CHOICES) if reward == "both" else [reward])
+        named = bool(method_reward) or reward == "both"
+        return [Method(f"{policy}:{r}" if named else policy, policy, "", r) for r in rewards]
+    drafter, _, gamma = text.partition("@")
+    if drafter not in FIXED_DRAFTERS or method_reward:
+        raise BanditSpecValidationError(
+            "methods",
+            f"unknown method {text!r}; use vanilla, {', '.join(FIXED_DRAFTERS)} (optionally @GAMMA) "
+            f"or {', '.join(ADAPTIVE_POLICIES)} (optionally :accepted|:throughput)",
+        )
+    if gamma and not gamma.isdigit():
+        raise BanditSpecValidationError("methods", f"{text!r}: the speculation length must be an integer")
+    return [Method(text, f"fixed:{text}", drafter)]
+
+
+def parse_methods(text: str, reward: str = "accepted") -> list[Method]:
+    """``"vanilla,pld,ucbspec"`` -> methods; ``reward`` is accepted | throughput | both."""
+    if reward not in (*REWARD_CHOICES, "both"):
+        raise BanditSpecValidationError("reward", f"must be one of {', '.join(REWARD_CHOICES)} or both")
+    methods: list[Method] = []
+    for item in (t.strip() for t in text.split(",")):
+        if item:
+            methods.extend(_parse_one(item, reward))
+    if not methods:
+        raise BanditSpecValidationError("methods", "no method given")
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise BanditSpecValidationError("methods", "a method is listed twice")
+    return methods
+
+
+def rotated(methods: Sequence[Method], index: int) -> list[Method]:
+    """The run order for prompt ``index``: the list rotated by ``index`` places, so that
+    every method runs first, second, ... equally often and drift hits them alike."""
+    if not methods:
+        return []
+    k = index % len(methods)
+    return list(methods[k:]) + list(methods[:k])
+
+
+def digest(values: Sequence[int] | str) -> str:
+    """A short fingerprint of an output (token ids or text) for the losslessness check."""
+    data = values.encode("utf-8") if isinstance(values, str) else ",".join(map(str, values)).encode()
+    return hashlib.sha1(data).hexdigest()[:16]
+
+
+@dataclass
+class RunRecord:
+    """One method on one prompt.
+
+    seconds:  wall time of the request (in process: the decoding loop, tokenization excluded;
+              through Triton: the client's request round trip)
+    cpu_seconds: CPU time spent meanwhile by this process (in process) or by the server's
+              processes (through Triton); unlike wall time, other load on the machine barely
+              changes it
+    arms, drafted, accepted: per step, as in the request's speculation stats
+    """
+
+    workload: str
+    kind: str
+    prompt_id: str
+    method: str
+    generated_tokens: int
+    seconds: float
+    steps: int
+    output_digest: str
+    finish_reason: str = ""
+    cpu_seconds: float | None = None  # CPU time of the serving process(es) during the request
+    arms: list[str] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        return self.generated_tokens / self.steps if self.steps else 0.0
+
+    @classmethod
+    def from_stats(cls, *, workload: str, kind: str, prompt_id: str, method: str, seconds: float,
+                   output_digest: str, stats: dict, cpu_seconds: float | None = None) -> "RunRecord":
+        """From a ``SpeculationStats.as_dict()`` (plus ``finish_reason`` when present)."""
+        return cls(
+            workload=workload,
+            kind=kind,
+            prompt_id=prompt_id,
+            method=method,
+            generated_tokens=int(stats.get("generated_tokens", 0)),
+            seconds=float(seconds),
+            cpu_seconds=None if cpu_seconds is None else float(cpu_seconds),
+            steps=int(stats.get("steps", 0)),
+            output_digest=output_digest,
+            finish_reason=str(stats.get("finish_reason", "")),
+            arms=[str(a) for a in stats.get("arms", [])],
+            drafted=[int(d) for d in stats.get("drafted", [])],
+            accepted=[int(a) for a in stats.get("accepted", [])],
+        )

@@ -1,0 +1,290 @@
+"""Aggregation of benchmark runs (pure functions) and the Markdown report.
+
+Definitions (per workload, over the prompts every compared method finished):
+
+* tokens/s: pooled, sum of generated tokens / sum of request seconds;
+* MAT (mean accepted tokens): pooled, sum of generated tokens / sum of target calls;
+* speedup: tokens/s of the method / tokens/s of ``vanilla`` (plain decoding);
+* best fixed arm: the fixed-arm method (pld, suffix, rest, eagle) with the highest tokens/s;
+* oracle: per prompt, the fixed-arm method that was fastest on *that* prompt; its
+  tokens/s is pooled over the prompts like any method's. ``vs oracle`` = method / oracle;
+* lossless: under greedy decoding every method must produce vanilla's exact output.
+
+Every rate exists for two clocks: ``wall`` (request wall time, what a user sees) and
+``cpu`` (CPU time the serving processes spent on the request: on a machine shared with
+other load it moves far less than wall time, so it is the steadier comparison).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from banditspec_client.bench_methods import ADAPTIVE_POLICIES, FIXED_DRAFTERS, VANILLA, RunRecord
+
+
+def is_fixed_arm(method: str) -> bool:
+    return method.partition("@")[0] in FIXED_DRAFTERS
+
+
+def is_adaptive(method: str) -> bool:
+    return method.partition(":")[0] in ADAPTIVE_POLICIES
+
+
+@dataclass
+class MethodSummary:
+    method: str
+    prompts: int
+    tokens: int
+    seconds: float
+    steps: int
+    mean_prompt_speedup: float | None = None  # mean over prompts of per-prompt speedup
+    prompts_won: int = 0  # prompts on which it was the fastest method overall
+    speedup: float | None = None
+    vs_best_fixed: float | None = None
+    vs_oracle: float | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+
+@dataclass
+class WorkloadSummary:
+    workload: str
+    methods: list[MethodSummary]
+    prompt_ids: list[str]
+    clock: str = "wall"
+    best_fixed: str | None = None
+    oracle_tokens_per_second: float | None = None
+    oracle_choices: dict[str, int] = field(default_factory=dict)  # fixed arm -> prompts it was best on
+    lossless_mismatches: list[tuple[str, str]] = field(default_factory=list)  # (prompt, method)
+
+    def get(self, method: str) -> MethodSummary | None:
+        return next((m for m in self.methods if m.method == method), None)
+
+
+def by_prompt(records: Iterable[RunRecord]) -> dict[str, dict[str, RunRecord]]:
+    """{prompt_id: {method: record}} in first-seen prompt order."""
+    out: dict[str, dict[str, RunRecord]] = {}
+    for r in records:
+        out.setdefault(r.prompt_id, {})[r.method] = r
+    return out
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def run_seconds(record: RunRecord, clock: str = "wall") -> float:
+    """The request's wall seconds, or its CPU seconds (``clock="cpu"``; 0 when not measured)."""
+    return record.seconds if clock == "wall" else (record.cpu_seconds or 0.0)
+
+
+def run_rate(record: RunRecord, clock: str = "wall") -> float:
+    """Tokens per (wall or CPU) second of one run."""
+    seconds = run_seconds(record, clock)
+    return record.generated_tokens / seconds if seconds > 0 else 0.0
+
+
+def oracle_per_prompt(runs: dict[str, RunRecord], clock: str = "wall") -> str | None:
+    """The fixed-arm method with the highest tokens/s among one prompt's runs."""
+    fixed = [r for m, r in runs.items() if is_fixed_arm(m)]
+    return max(fixed, key=lambda r: run_rate(r, clock)).method if fixed else None
+
+
+def summarize_workload(workload: str, records: Sequence[RunRecord], methods: Sequence[str],
+                       clock: str = "wall") -> WorkloadSummary:
+    """One workload's table; only prompts on which every method in ``methods`` ran count.
+    ``clock``: "wall" (request wall time) or "cpu" (CPU time of the serving processes)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}")
+    prompts = {pid: runs for pid, runs in by_prompt(r for r in records if r.workload == workload).items()
+               if all(m in runs for m in methods)}
+    totals = {m: MethodSummary(m, len(prompts), 0, 0.0, 0) for m in methods}
+    speedups: dict[str, list[float]] = defaultdict(list)
+    oracle_tokens, oracle_seconds, choices, mismatches = 0, 0.0, Counter(), []
+    for pid, runs in prompts.items():
+        for m in methods:
+            r = runs[m]
+            totals[m].tokens += r.generated_tokens
+            totals[m].seconds += run_seconds(r, clock)
+            totals[m].steps += r.steps
+            if VANILLA in runs and run_rate(runs[VANILLA], clock) > 0:
+                speedups[m].append(run_rate(r, clock) / run_rate(runs[VANILLA], clock))
+            if VANILLA in runs and r.output_digest != runs[VANILLA].output_digest:
+                mismatches.append((pid, m))
+        winner = max(methods, key=lambda m: run_rate(runs[m], clock))
+        totals[winner].prompts_won += 1
+        best = oracle_per_prompt({m: runs[m] for m in methods}, clock)
+        if best is not None:
+            choices[best] += 1
+            oracle_tokens += runs[best].generated_tokens
+            oracle_seconds += run_seconds(runs[best], clock)
+    summary = WorkloadSummary(workload, [totals[m] for m in methods], list(prompts), clock=clock,
+                              lossless_mismatches=mismatches)
+    vanilla = totals.get(VANILLA)
+    fixed = [totals[m] for m in methods if is_fixed_arm(m)]
+    if fixed and prompts:
+        summary.best_fixed = max(fixed, key=lambda s: s.tokens_per_second).method
+        summary.oracle_tokens_per_second = oracle_tokens / oracle_seconds if oracle_seconds > 0 else 0.0
+        summary.oracle_choices = dict(choices.most_common())
+    for s in summary.methods:
+        if speedups[s.method]:
+            s.mean_prompt_speedup = sum(speedups[s.method]) / len(speedups[s.method])
+        if vanilla is not None and vanilla.tokens_per_second > 0:
+            s.speedup = s.tokens_per_second / vanilla.tokens_per_second
+        if summary.best_fixed is not None:
+            best = totals[summary.best_fixed].tokens_per_second
+            s.vs_best_fixed = s.tokens_per_second / best if best > 0 else None
+        if summary.oracle_tokens_per_second:
+            s.vs_oracle = s.tokens_per_second / summary.oracle_tokens_per_second
+    return summary
+
+
+def summarize(records: Sequence[RunRecord], methods: Sequence[str], clock: str = "wall") -> list[WorkloadSummary]:
+    workloads = list(dict.fromkeys(r.workload for r in records))
+    return [summarize_workload(w, records, methods, clock) for w in workloads]
+
+
+# -- targets ---------------------------------------------------------------------------
+MIXED_MARGIN, PER_WORKLOAD_SHARE, ORACLE_SHARE = 1.05, 0.97, 0.95
+
+
+def target_checks(summaries: Sequence[WorkloadSummary],
+                  policy: str = "ucbspec") -> list[tuple[str, float | None, bool | None]]:
+    """(target, measured ratio, met) for the issue's targets, for ``policy``'s method."""
+    out = []
+    for s in summaries:
+        m = s.get(policy)
+        if m is None:
+            continue
+        if s.workload == "mixed":
+            out.append((f"{policy} >= {MIXED_MARGIN:.2f} x best fixed arm on mixed", m.vs_best_fixed,
+                        None if m.vs_best_fixed is None else m.vs_best_fixed >= MIXED_MARGIN))
+        out.append((f"{policy} >= {PER_WORKLOAD_SHARE:.2f} x best fixed arm on {s.workload}", m.vs_best_fixed,
+                    None if m.vs_best_fixed is None else m.vs_best_fixed >= PER_WORKLOAD_SHARE))
+        out.append((f"{policy} >= {ORACLE_SHARE:.2f} x per-prompt oracle on {s.workload}", m.vs_oracle,
+                    None if m.vs_oracle is None else m.vs_oracle >= ORACLE_SHARE))
+    return out
+
+
+# -- Markdown --------------------------------------------------------------------------
+def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
+    return "–" if value is None else pattern.format(value)
+
+
+def _rate_label(clock: str) -> str:
+    return "tokens/s" if clock == "wall" else "tokens/CPU-s"
+
+
+def markdown_table(summary: WorkloadSummary) -> str:
+    lines = [
+        f"| method | MAT | {_rate_label(summary.clock)} | speedup | mean prompt speedup | vs best fixed | vs oracle "
+        "| prompts won |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in summary.methods:
+        lines.append(
+            f"| {m.method} | {m.mean_accepted_tokens:.2f} | {m.tokens_per_second:.1f} | {_fmt(m.speedup, '{:.2f}x')} | "
+            f"{_fmt(m.mean_prompt_speedup, '{:.2f}x')} | {_fmt(m.vs_best_fixed, '{:.0%}')} | "
+            f"{_fmt(m.vs_oracle, '{:.0%}')} | {m.prompts_won} |"
+        )
+    if summary.oracle_tokens_per_second is not None:
+        lines.append(f"| *oracle: best fixed arm per prompt* | | {summary.oracle_tokens_per_second:.1f} | | | | 100% | |")
+        picks = ", ".join(f"{k} on {v}" for k, v in summary.oracle_choices.items())
+        lines += ["", f"Oracle's arm per prompt: {picks}."]
+    return "\n".join(lines)
+
+
+def per_prompt_table(summary: WorkloadSummary, records: Sequence[RunRecord]) -> str:
+    """Per prompt: the oracle's arm and rate, and each adaptive method's share of it."""
+    clock = summary.clock
+    runs_by_prompt = by_prompt(r for r in records if r.workload == summary.workload)
+    adaptive = [m.method for m in summary.methods if is_adaptive(m.method)]
+    unit = _rate_label(clock)
+    lines = [f"| prompt | kind | tokens | vanilla {unit} | oracle arm | oracle {unit} | "
+             + " | ".join(f"{m} (% of oracle)" for m in adaptive) + " |",
+             "|---|---|---:|---:|---|---:|" + "---:|" * len(adaptive)]
+    for pid in summary.prompt_ids:
+        runs = runs_by_prompt[pid]
+        best = oracle_per_prompt({m.method: runs[m.method] for m in summary.methods}, clock)
+        if best is None:
+            continue
+        oracle = run_rate(runs[best], clock)
+        any_run = next(iter(runs.values()))
+        vanilla = f"{run_rate(runs[VANILLA], clock):.1f}" if VANILLA in runs else "–"
+        shares = " | ".join(f"{run_rate(runs[m], clock) / oracle:.0%}" if oracle > 0 else "–" for m in adaptive)
+        lines.append(f"| {pid} | {any_run.kind} | {any_run.generated_tokens} | {vanilla} | {best} | {oracle:.1f} | {shares} |")
+    return "\n".join(lines)
+
+
+def targets_table(summaries: Sequence[WorkloadSummary]) -> list[str]:
+    adaptive = list(dict.fromkeys(m.method for s in summaries for m in s.methods if is_adaptive(m.method)))
+    checks = [c for policy in adaptive for c in target_checks(summaries, policy)]
+    if not checks:
+        return []
+    lines = [f"| target ({_rate_label(summaries[0].clock)}) | measured | met |", "|---|---:|---|"]
+    lines += [f"| {t} | {_fmt(v, '{:.1%}')} | {'–' if ok is None else ('yes' if ok else 'NO')} |" for t, v, ok in checks]
+    return lines + [""]
+
+
+def markdown_report(summaries: Sequence[WorkloadSummary], *, title: str, command: str, setup: dict,
+                    skipped: dict[str, str], records: Sequence[RunRecord] | None = None,
+                    cpu_summaries: Sequence[WorkloadSummary] | None = None) -> str:
+    """The report: per workload the wall-clock table (and the CPU-time table when given),
+    the losslessness check, the per-prompt oracle; then the targets."""
+    parts = [f"# {title}", "", f"Command: `{command}`", ""]
+    parts += [f"- {k}: {v}" for k, v in setup.items()]
+    for name, reason in skipped.items():
+        parts.append(f"- skipped method `{name}`: {reason}")
+    parts.append("")
+    cpu_by_workload = {s.workload: s for s in cpu_summaries or ()}
+    for s in summaries:
+        parts += [f"## {s.workload} ({len(s.prompt_ids)} prompts, best fixed arm: {s.best_fixed or '–'})", "",
+                  markdown_table(s), ""]
+        if s.lossless_mismatches:
+            shown = ", ".join(f"{m} on {p}" for p, m in s.lossless_mismatches[:5])
+            parts += [f"**Output differs from vanilla** ({len(s.lossless_mismatches)} runs): {shown}", ""]
+        elif s.get(VANILLA) is not None:
+            parts += ["Lossless: every method's output equals vanilla's on every prompt.", ""]
+        cpu = cpu_by_workload.get(s.workload)
+        if cpu is not None:
+            parts += [f"By CPU time (best fixed arm: {cpu.best_fixed or '–'}):", "", markdown_table(cpu), ""]
+        if records is not None:
+            parts += ["<details><summary>per prompt</summary>", "", per_prompt_table(s, records), ""]
+            if cpu is not None:
+                parts += [per_prompt_table(cpu, records), ""]
+            parts += ["</details>", ""]
+    wall_targets = targets_table(summaries)
+    if wall_targets:
+        parts += ["## Targets", ""] + wall_targets
+        if cpu_summaries:
+            parts += targets_table(cpu_summaries)
+    return "\n".join(parts)
+
+
+def summary_dict(summary: WorkloadSummary) -> dict:
+    return {
+        "workload": summary.workload,
+        "clock": summary.clock,
+        "prompts": summary.prompt_ids,
+        "best_fixed": summary.best_fixed,
+        "oracle_tokens_per_second": summary.oracle_tokens_per_second,
+        "oracle_choices": summary.oracle_choices,
+        "lossless_mismatches": [list(x) for x in summary.lossless_mismatches],
+        "methods": [
+            {
+                "method": m.method, "prompts": m.prompts, "tokens": m.tokens, "seconds": round(m.seconds, 4),
+                "steps": m.steps, "tokens_per_second": round(m.tokens_per_second, 3),
+                "mean_accepted_tokens": round(m.mean_accepted_tokens, 4), "speedup": m.speedup,
+                "mean_prompt_speedup": m.mean_prompt_speedup, "vs_best_fixed": m.vs_best_fixed,
+                "vs_oracle": m.vs_oracle, "prompts_won": m.prompts_won,
+            }
+            for m in summary.methods
+        ],
+    }

@@ -1,0 +1,196 @@
+"""Through-Triton benchmark runner: a real tritonserver (``TritonServer``) and gRPC requests.
+
+Fairness rules, as in process (see ``bench_local``):
+
+* the target's prefix KV cache holds one sequence (``cache_entries=1``) and after each
+  request a one-token verification call on ``target`` evicts it, so that no method
+  reuses the prefill of the method that ran the same prompt before it;
+* methods that feed the suffix drafter's global trie (suffix, the adaptive policies) are
+  each served by a private copy of the ``banditspec`` model (``banditspec_<method>``,
+  same code and parameters), so each has its own trie.
+
+Per request: ``seconds`` is the client's wall time of a non-streaming gRPC request,
+``cpu_seconds`` the CPU time the server's processes (tritonserver and its stubs, one
+process group) spent meanwhile; tokens come from the ``speculation_stats`` output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from banditspec_client.bench_methods import FIXED_DRAFTERS, Method, RunRecord, digest
+from banditspec_client.workloads import Prompt
+
+CONTROLLER = "banditspec"
+PROBE_PROMPT = "Say hello."
+FLUSH_TOKEN = 2  # a one-token sequence that shares no prefix with a chat-templated prompt
+
+
+def private_model_name(method: Method) -> str:
+    return f"{CONTROLLER}_" + re.sub(r"[^A-Za-z0-9]+", "_", method.name).strip("_")
+
+
+def bench_repository(source: Path, copies: Sequence[str], out: Path) -> Path:
+    """``out``: a copy of the model repository ``source`` plus one copy of the controller
+    model per name in ``copies`` (its ``name:`` line renamed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for model_dir in sorted(p for p in source.iterdir() if (p / "config.pbtxt").exists()):
+        shutil.copytree(model_dir, out / model_dir.name, ignore=shutil.ignore_patterns("__pycache__"))
+    template = (source / CONTROLLER / "config.pbtxt").read_text()
+    pattern = re.compile(rf'^name:\s*"{CONTROLLER}"', re.MULTILINE)
+    if not pattern.search(template):
+        raise RuntimeError(f"{source / CONTROLLER / 'config.pbtxt'} has no name: \"{CONTROLLER}\" line")
+    for name in copies:
+        shutil.copytree(source / CONTROLLER, out / name, ignore=shutil.ignore_patterns("__pycache__"))
+        (out / name / "config.pbtxt").write_text(pattern.sub(f'name: "{name}"', template, count=1))
+    return out
+
+
+def process_group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process in process group ``pgid`` (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # the process ended meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # fields from the 3rd on (after "pid (comm)")
+        if int(fields[2]) == pgid:  # field 5: pgrp
+            total += int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
+    return total / ticks
+
+
+class TritonRunner:
+    """Starts tritonserver for ``methods`` (context manager) and runs requests over gRPC."""
+
+    label = "triton"
+
+    def __init__(self, methods: Sequence[Method], model: str = "smollm2", *, max_draft_len: int = 4,
+                 seed: int = 0, threads: int = 1, adaptive_drafters: Sequence[str] = FIXED_DRAFTERS,
+                 log_path: Path | None = None):
+        self.methods = list(methods)
+        self.model = model
+        self.max_draft_len = max_draft_len
+        self.seed = seed
+        self.threads = threads
+        self.adaptive_drafters = list(adaptive_drafters)
+        self.log_path = log_path
+        self.model_for = {m.name: private_model_name(m) if m.needs_suffix_state else CONTROLLER for m in self.methods}
+        self.served: list[str] = []  # drafters the server serves
+        self.adaptive_arms: list[str] = []  # the adaptive methods' arm set
+        self._server = None
+        self._workdir: Path | None = None
+        self._client = None
+
+    # -- server lifetime -------------------------------------------------------------
+    def __enter__(self) -> "TritonRunner":
+        from banditspec.paths import cache_dir
+        from banditspec_client.serve import SOURCE_REPOSITORY, TritonServer, free_port
+
+        copies = sorted({name for name in self.model_for.values() if name != CONTROLLER})
+        self._workdir = Path(tempfile.mkdtemp(prefix="bench-repo-", dir=cache_dir()))
+        source = bench_repository(SOURCE_REPOSITORY, copies, self._workdir / "models")
+        overrides = {
+            "target": {"cache_entries": "1", "torch_threads": str(self.threads)},
+            CONTROLLER: {"max_concurrent_sequences": "2"},
+        }
+        for name in copies:
+            overrides[name] = {"target_model": self.model, "max_concurrent_sequences": "2"}
+        self._server = TritonServer(
+            model=self.model, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+            overrides=overrides, log_path=self.log_path, source=source,
+        )
+        try:
+            self._server.__enter__()
+            import tritonclient.grpc as grpcclient
+
+            self._client = grpcclient.InferenceServerClient(self._server.grpc_url)
+            self.served = self._probe_drafters()
+            self.adaptive_arms = [d for d in self.served if d in self.adaptive_drafters]
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def close(self) -> None:
+        self.__exit__()
+
+    # -- requests --------------------------------------------------------------------
+    def _generate(self, model_name: str, text: str, method: Method, max_tokens: int, arms=None):
+        from banditspec_client.triton_client import GenerationOptions, generate_grpc
+
+        opts = GenerationOptions(
+            max_tokens=max_tokens, stream=False, seed=self.seed, policy=method.policy, arms=arms,
+            max_draft_len=self.max_draft_len, reward=method.reward,
+        )
+        return generate_grpc(self._server.grpc_url, text, opts, model_name=model_name)
+
+    def _probe_drafters(self) -> list[str]:
+        """Drafters the server serves: a fixed-arm request for each must succeed."""
+        from banditspec_client.triton_client import TritonError
+
+        served = []
+        for drafter in FIXED_DRAFTERS:
+            try:
+                self._generate(CONTROLLER, PROBE_PROMPT, Method(drafter, f"fixed:{drafter}", drafter), 2)
+                served.append(drafter)
+            except TritonError:
+                pass
+        self._flush()
+        return served
+
+    def available(self, methods: Sequence[Method]) -> tuple[list[Method], dict[str, str]]:
+        usable, skipped = [], {}
+        for method in methods:
+            if method.fixed_arm and method.drafter not in self.served:
+                skipped[method.name] = f"drafter {method.drafter!r} is not served through Triton here"
+            elif method.adaptive and not self.adaptive_arms:
+                skipped[method.name] = "no drafter served"
+            else:
+                usable.append(method)
+        return usable, skipped
+
+    def _flush(self) -> None:
+        """Evict the target's one cached sequence with a one-token verification call."""
+        import tritonclient.grpc as grpcclient
+
+        inputs = []
+        for name, value in (("input_ids", FLUSH_TOKEN), ("input_lengths", 1), ("request_output_len", 1)):
+            tensor = grpcclient.InferInput(name, [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+            inputs.append(tensor)
+        self._client.infer("target", inputs)
+
+    def run(self, prompt: Prompt, method: Method, max_tokens: int) -> RunRecord:
+        pgid = self._server.process.pid  # the server runs in its own session; its stubs too
+        cpu_before = process_group_cpu_seconds(pgid)
+        result = self._generate(
+            self.model_for[method.name], prompt.text, method, max_tokens, self.adaptive_arms if method.adaptive else None
+        )
+        cpu_seconds = process_group_cpu_seconds(pgid) - cpu_before
+        self._flush()
+        return RunRecord.from_stats(
+            workload=prompt.workload, kind=prompt.kind, prompt_id=prompt.prompt_id, method=method.name,
+            seconds=result.seconds, output_digest=digest(result.text), stats=result.stats, cpu_seconds=cpu_seconds,
+        )

@@ -1,0 +1,221 @@
+"""The benchmark: method parsing, interleaving, aggregation/oracle, reports, perf metrics,
+and an end-to-end in-process run on the tiny model."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from banditspec.errors import BanditSpecValidationError
+from banditspec_client import bench
+from banditspec_client.bench_methods import RunRecord, digest, parse_methods, rotated
+from banditspec_client.bench_report import markdown_report, summarize_workload, target_checks
+from banditspec_client.bench_triton import bench_repository, private_model_name, process_group_cpu_seconds
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# -- methods -------------------------------------------------------------------------
+def test_methods_parse_into_policies():
+    methods = {m.name: m for m in parse_methods("vanilla,pld,suffix@2,ucbspec,exp3spec:throughput")}
+    assert methods["vanilla"].policy == "vanilla"
+    assert (methods["pld"].policy, methods["pld"].drafter) == ("fixed:pld", "pld")
+    assert (methods["suffix@2"].policy, methods["suffix@2"].drafter) == ("fixed:suffix@2", "suffix")
+    assert (methods["ucbspec"].policy, methods["ucbspec"].reward) == ("ucbspec", "accepted")
+    assert (methods["exp3spec:throughput"].policy, methods["exp3spec:throughput"].reward) == ("exp3spec", "throughput")
+    assert methods["ucbspec"].needs_suffix_state and methods["suffix@2"].needs_suffix_state
+    assert not methods["pld"].needs_suffix_state and not methods["vanilla"].needs_suffix_state
+
+
+def test_reward_both_runs_each_adaptive_method_with_each_reward():
+    names = [m.name for m in parse_methods("vanilla,ucbspec,exp3spec", reward="both")]
+    assert names == ["vanilla", "ucbspec:accepted", "ucbspec:throughput", "exp3spec:accepted", "exp3spec:throughput"]
+    assert [m.reward for m in parse_methods("ucbspec", reward="throughput")] == ["throughput"]
+
+
+@pytest.mark.parametrize("text", ["", "medusa", "pld,pld", "ucbspec:fast", "pld:throughput", "pld@x"])
+def test_bad_method_lists_are_rejected(text):
+    with pytest.raises(BanditSpecValidationError) as err:
+        parse_methods(text)
+    assert err.value.field == "methods"
+
+
+def test_rotation_puts_every_method_in_every_position_equally_often():
+    methods = parse_methods("vanilla,pld,suffix,ucbspec")
+    orders = [[m.name for m in rotated(methods, i)] for i in range(8)]
+    assert all(sorted(o) == sorted(m.name for m in methods) for o in orders)
+    for position in range(4):
+        assert sorted(o[position] for o in orders) == sorted([m.name for m in methods] * 2)
+
+
+# -- aggregation and the oracle ------------------------------------------------------
+def _record(prompt: str, method: str, tokens: int, seconds: float, steps: int, out: str = "same") -> RunRecord:
+    return RunRecord("mixed", "code", prompt, method, tokens, seconds, steps, digest(out),
+                     arms=["pld@4"] * steps, drafted=[4] * steps, accepted=[0] * steps)
+
+
+def _two_prompt_records() -> list[RunRecord]:
+    # p1: pld is the fastest arm, p2: suffix is. ucbspec is close to the best on each.
+    return [
+        _record("p1", "vanilla", 40, 2.0, 40), _record("p1", "pld", 40, 1.0, 16),
+        _record("p1", "suffix", 40, 1.6, 25), _record("p1", "ucbspec", 40, 1.1, 18),
+        _record("p2", "vanilla", 20, 1.0, 20), _record("p2", "pld", 20, 0.8, 15),
+        _record("p2", "suffix", 20, 0.4, 8), _record("p2", "ucbspec", 20, 0.5, 9),
+    ]
+
+
+def test_summary_pools_tokens_and_finds_best_fixed_arm_and_oracle():
+    s = summarize_workload("mixed", _two_prompt_records(), ["vanilla", "pld", "suffix", "ucbspec"])
+    ucb, vanilla, pld = s.get("ucbspec"), s.get("vanilla"), s.get("pld")
+    assert vanilla.tokens_per_second == pytest.approx(60 / 3.0)
+    assert ucb.tokens_per_second == pytest.approx(60 / 1.6)
+    assert ucb.mean_accepted_tokens == pytest.approx(60 / 27)
+    assert ucb.speedup == pytest.approx((60 / 1.6) / (60 / 3.0))
+    assert ucb.mean_prompt_speedup == pytest.approx(((40 / 1.1) / 20 + (20 / 0.5) / 20) / 2)
+    assert s.best_fixed == "pld"  # 60 tokens in 1.8 s beats suffix's 2.0 s
+    assert s.oracle_choices == {"pld": 1, "suffix": 1}
+    assert s.oracle_tokens_per_second == pytest.approx(60 / 1.4)
+    assert ucb.vs_oracle == pytest.approx(1.4 / 1.6)
+    assert ucb.vs_best_fixed == pytest.approx(1.8 / 1.6)
+    assert pld.prompts_won == 1 and s.get("suffix").prompts_won == 1
+    assert s.lossless_mismatches == []
+
+
+def test_a_prompt_missing_a_method_is_left_out_and_a_different_output_is_flagged():
+    records = _two_prompt_records()
+    records = [r for r in records if not (r.prompt_id == "p2" and r.method == "suffix")]
+    records[1] = _record("p1", "pld", 40, 1.0, 16, out="different")
+    s = summarize_workload("mixed", records, ["vanilla", "pld", "suffix", "ucbspec"])
+    assert s.prompt_ids == ["p1"]
+    assert s.lossless_mismatches == [("p1", "pld")]
+    report = markdown_report([s], title="t", command="c", setup={}, skipped={"eagle": "no head"}, records=records)
+    assert "Output differs from vanilla" in report and "skipped method `eagle`: no head" in report
+
+
+def test_the_cpu_clock_ranks_by_cpu_seconds_when_wall_time_was_disturbed():
+    records = _two_prompt_records()
+    for r in records:
+        r.cpu_seconds = r.seconds
+    # other load slowed suffix's p1 request down on the wall clock only
+    records[2].seconds, records[2].cpu_seconds = 4.0, 0.9
+    wall = summarize_workload("mixed", records, ["vanilla", "pld", "suffix", "ucbspec"])
+    cpu = summarize_workload("mixed", records, ["vanilla", "pld", "suffix", "ucbspec"], clock="cpu")
+    assert (wall.best_fixed, cpu.best_fixed) == ("pld", "suffix")
+    assert cpu.oracle_choices == {"suffix": 2}
+    assert cpu.get("suffix").tokens_per_second == pytest.approx(60 / 1.3)
+    report = markdown_report([wall], title="t", command="c", setup={}, skipped={}, records=records, cpu_summaries=[cpu])
+    assert "tokens/CPU-s" in report and "By CPU time (best fixed arm: suffix)" in report
+
+
+def test_process_group_cpu_seconds_counts_this_process():
+    own = time.process_time()
+    assert process_group_cpu_seconds(os.getpgrp()) >= own - 0.05
+
+
+def test_target_checks_compare_against_the_issue_thresholds():
+    s = summarize_workload("mixed", _two_prompt_records(), ["vanilla", "pld", "suffix", "ucbspec"])
+    checks = {name: (value, met) for name, value, met in target_checks([s])}
+    assert checks["ucbspec >= 1.05 x best fixed arm on mixed"] == (pytest.approx(1.8 / 1.6), True)
+    assert checks["ucbspec >= 0.95 x per-prompt oracle on mixed"] == (pytest.approx(1.4 / 1.6), False)
+
+
+def test_markdown_report_has_one_row_per_method_and_the_per_prompt_oracle():
+    records = _two_prompt_records()
+    s = summarize_workload("mixed", records, ["vanilla", "pld", "suffix", "ucbspec"])
+    report = markdown_report([s], title="Bench", command="banditspec bench", setup={"mode": "x"}, skipped={}, records=records)
+    for method in ("vanilla", "pld", "suffix", "ucbspec"):
+        assert f"| {method} |" in report
+    assert "| p1 | code | 40 | 20.0 | pld | 40.0 | 91% |" in report
+    assert "Lossless: every method's output equals vanilla's" in report
+
+
+# -- through-Triton repository ---------------------------------------------------------
+def test_bench_repository_adds_renamed_private_controller_copies(tmp_path):
+    name = private_model_name(parse_methods("ucbspec:throughput")[0])
+    assert name == "banditspec_ucbspec_throughput"
+    out = bench_repository(REPO / "model_repository", [name], tmp_path / "repo")
+    config = (out / name / "config.pbtxt").read_text()
+    assert f'name: "{name}"' in config and 'name: "banditspec"' not in config
+    assert (out / name / "1" / "model.py").read_bytes() == (REPO / "model_repository/banditspec/1/model.py").read_bytes()
+    assert 'name: "banditspec"' in (out / "banditspec" / "config.pbtxt").read_text()
+
+
+# -- perf_analyzer helpers -------------------------------------------------------------
+def _perf_sweep():
+    spec = importlib.util.spec_from_file_location("perf_sweep", REPO / "perf" / "perf_sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_streaming_metrics_from_a_profile_export():
+    ms = 1_000_000
+    stats = json.dumps({"generated_tokens": 11})
+
+    def request(sent_ms, stamps_ms):
+        outputs = [{"text_output": "x", "speculation_stats": ""} for _ in stamps_ms[:-1]]
+        outputs.append({"text_output": "y", "speculation_stats": stats})
+        return {"timestamp": sent_ms * ms, "response_timestamps": [t * ms for t in stamps_ms], "response_outputs": outputs}
+
+    profile = {"experiments": [{"experiment": {"mode": "concurrency", "value": 2},
+                                "requests": [request(0, [100, 300, 600]), request(50, [250, 1250])]}]}
+    (row,) = _perf_sweep().streaming_metrics(profile)
+    assert row["concurrency"] == 2 and row["requests"] == 2 and row["output_tokens"] == 22
+    assert row["ttft_ms_p50"] == pytest.approx(150.0)  # median of 100 and 200
+    assert row["itl_ms_p50"] == pytest.approx((50.0 + 100.0) / 2)  # 500/10 and 1000/10
+    assert row["latency_ms_p90"] == pytest.approx(1200.0)
+    assert row["output_tokens_per_s"] == pytest.approx(22 / 1.25)
+
+
+def test_perf_input_data_sets_the_policy_per_entry():
+    module = _perf_sweep()
+    data = module.make_input_data(["a", "b"], 16)
+    assert data["data"][0] == {"text_input": ["a"], "max_tokens": [16], "stream": [True]}
+    assert all(e["policy"] == ["vanilla"] for e in module.with_policy(data, "vanilla")["data"])
+    assert "policy" not in module.with_policy(module.with_policy(data, "vanilla"), None)["data"][1]
+    committed = json.loads((REPO / "perf" / "input_data" / "banditspec_mixed.json").read_text())
+    assert len(committed["data"]) >= 3 and all({"text_input", "max_tokens", "stream"} <= set(e) for e in committed["data"])
+
+
+# -- end to end, in process, tiny model ------------------------------------------------
+def test_bench_runs_every_method_on_every_prompt_and_writes_table_json_and_plots(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args([
+        "--model", "tiny", "--workload", "mixed", "--prompts", "2", "--max-tokens", "6",
+        "--methods", "vanilla,pld,suffix,ucbspec,exp3spec", "--drafters", "pld,suffix",
+        "--out", str(tmp_path), "--no-progress", "--threads", "1",
+    ])
+    assert bench.run(args) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    records = result["records"]
+    methods = ["vanilla", "pld", "suffix", "ucbspec", "exp3spec"]
+    assert sorted((r["prompt_id"], r["method"]) for r in records) == sorted(
+        (pid, m) for pid in {r["prompt_id"] for r in records} for m in methods)
+    assert len(records) == 2 * len(methods)
+    # the methods ran interleaved, rotated per prompt
+    assert [r["method"] for r in records[:5]] == methods and records[5]["method"] == "pld"
+    for r in records:
+        assert 1 <= r["generated_tokens"] <= 6 and r["seconds"] > 0 and r["steps"] == len(r["arms"])
+        assert r["cpu_seconds"] > 0
+    adaptive_arms = {a for r in records if r["method"] in ("ucbspec", "exp3spec") for a in r["arms"]}
+    assert adaptive_arms <= {"pld@4", "suffix@4", "vanilla"}
+    (summary,) = result["summaries"]
+    assert result["cpu_summaries"][0]["clock"] == "cpu"
+    assert summary["lossless_mismatches"] == []
+    assert summary["best_fixed"] in ("pld", "suffix")
+    report = (tmp_path / "results.md").read_text()
+    assert "| ucbspec |" in report and "## Targets" in report
+    for png in ("tokens_per_second.png", "speedup_sorted.png", "arms_per_step.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # the report can be rebuilt from results.json alone, without measuring again
+    again = parser.parse_args(["--from-json", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")])
+    assert bench.run(again) == 0
+    assert (tmp_path / "again" / "results.md").read_text() == report
