@@ -84,12 +84,6 @@ def _summary(stats: dict) -> str:
     )
 
 
-def _cmd_simulate(args) -> int:
-    from banditspec import simulate
-
-    return simulate.run(args)
-
-
 def _cmd_build(args) -> int:
     if args.what == "model":
         from banditspec.engine.models import model_dir
@@ -108,28 +102,26 @@ def _cmd_build(args) -> int:
     return train.run(args)
 
 
-def _cmd_serve(args) -> int:
-    from banditspec_client.serve import run
-
-    return run(args)
-
-
-def _cmd_bench(args) -> int:
-    from banditspec_client.bench import run
-
-    return run(args)
-
-
-def _cmd_demo(args) -> int:
-    from banditspec_client.demo import run
-
-    return run(args)
+# Subcommands that delegate to a module's add_arguments(parser) / run(args): (name, module, help).
+MODULE_COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("serve", "banditspec_client.serve", "start a real tritonserver with this model repository"),
+    ("demo", "banditspec_client.demo", "start Triton, send a few prompts, compare with plain decoding"),
+    ("simulate", "banditspec.simulate", "bandit regret on synthetic arms (the paper's TGD)"),
+    ("bench", "banditspec_client.bench", "benchmark methods side by side (paper Table 1)"),
+    ("bench-overhead", "banditspec_client.bench_overhead", "tokens/s through Triton vs in process, side by side"),
+    ("bench-concurrency", "banditspec_client.bench_concurrency", "throughput vs concurrent streams: fixed gamma vs the controller"),
+    ("bench-drafters", "banditspec_client.bench_drafters", "proposal cost of each drafter"),
+    ("soak", "banditspec_client.soak", "bounded soak of a real tritonserver: mixed traffic, memory, KV, /dev/shm"),
+)
 
 
-def _cmd_bench_drafters(args) -> int:
-    from banditspec_client.bench_drafters import run
+def _delegate(module: str):
+    def run(args) -> int:
+        import importlib
 
-    return run(args)
+        return importlib.import_module(module).run(args)
+
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,10 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_options(gen)
     gen.set_defaults(func=_cmd_generate)
 
-    sim = sub.add_parser("simulate", help="bandit regret on synthetic arms (the paper's TGD)")
-    _try_add_arguments("banditspec.simulate", sim)
-    sim.set_defaults(func=_cmd_simulate)
-
     build = sub.add_parser("build", help="build artefacts into the cache: model | rest | eagle")
     build_sub = build.add_subparsers(dest="what", required=True)
     model = build_sub.add_parser("model", help="convert SmolLM2 (GGUF) and the tiny test model")
@@ -159,31 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
     _try_add_arguments("banditspec.eagle.train", eagle)
     build.set_defaults(func=_cmd_build)
 
-    serve = sub.add_parser("serve", help="start a real tritonserver with this model repository")
-    _try_add_arguments("banditspec_client.serve", serve)
-    serve.set_defaults(func=_cmd_serve)
-
-    bench = sub.add_parser("bench", help="benchmark methods side by side (paper Table 1)")
-    _try_add_arguments("banditspec_client.bench", bench)
-    bench.set_defaults(func=_cmd_bench)
-
-    demo = sub.add_parser("demo", help="start Triton, send a few prompts, compare with plain decoding")
-    _try_add_arguments("banditspec_client.demo", demo)
-    demo.set_defaults(func=_cmd_demo)
-
-    bd = sub.add_parser("bench-drafters", help="proposal cost of each drafter")
-    _try_add_arguments("banditspec_client.bench_drafters", bd)
-    bd.set_defaults(func=_cmd_bench_drafters)
+    for name, module, help_text in MODULE_COMMANDS:
+        command = sub.add_parser(name, help=help_text)
+        _try_add_arguments(module, command)
+        command.set_defaults(func=_delegate(module))
     return parser
 
 
 def _try_add_arguments(module: str, parser: argparse.ArgumentParser) -> None:
     import importlib
 
-    try:
-        importlib.import_module(module).add_arguments(parser)
-    except ImportError:
-        pass
+    importlib.import_module(module).add_arguments(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
