@@ -16,7 +16,7 @@ from banditspec.decoding import SpeculativeDecoder
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest")
+DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")
 
 
 def build_drafters(
@@ -40,8 +40,12 @@ def build_drafters(
             if target_model is None:
                 continue  # no hidden states and no LM head here: the arm is not served
             from banditspec.drafters.eagle import load_default_eagle_drafter
+            from banditspec.errors import BanditSpecValidationError
 
-            drafters[name] = load_default_eagle_drafter(target_model)
+            try:
+                drafters[name] = load_default_eagle_drafter(target_model)
+            except BanditSpecValidationError as exc:  # the shipped head is for another target
+                log.warning("eagle arm not served: %s", exc)
         elif name == "draft":
             if infer is None:
                 continue  # a separate draft engine is reached only through Triton

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Mapping
 
 from banditspec.batching import make_gamma_budget
+from banditspec.batching.uniform_inputs import with_empty_drafts
 from banditspec.config import Limits
 from banditspec.decoding import SpeculativeDecoder
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
@@ -42,23 +43,35 @@ def load_serving_tokenizer(params: Mapping[str, str]):
     return AutoTokenizer.from_pretrained(folder or model_dir(params.get("target_model", "smollm2")))
 
 
+def _eagle_target(params: Mapping[str, str]):
+    """The target checkpoint, for the Eagle head's frozen embedding / LM head."""
+    from banditspec.engine.models import load_model
+
+    model, _ = load_model(params.get("target_model", "smollm2"))
+    return model
+
+
 def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
     kind = params.get("target_kind", "reference")
     if kind not in TARGET_KINDS:
         raise BanditSpecValidationError("target_kind", f"must be one of {TARGET_KINDS}")
     tokenizer = load_serving_tokenizer(params)
+    drafter_names = _csv(params.get("drafters", "pld,suffix,rest"))
+    # Eagle drafts from the target's hidden states, which only the reference target returns.
+    eagle = kind == "reference" and "eagle" in drafter_names
     engine = TensorEngine(
-        infer,
+        with_empty_drafts(infer) if kind == "reference" else infer,  # so that gamma = 0 steps batch with drafting ones
         model_name=params.get("target_name", "target"),
         vocab_size=len(tokenizer),
         max_context=_int(params, "max_context", 2048),
         eos_id=int(tokenizer.eos_token_id),
-        provides_hidden_states=False,
+        provides_hidden_states=eagle,
     )
     datastore = params.get("rest_datastore", "default")
     drafters = build_drafters(
-        _csv(params.get("drafters", "pld,suffix,rest")),
+        drafter_names,
         tokenizer,
+        target_model=_eagle_target(params) if eagle else None,
         rest_datastore=None if datastore in ("", "default") else Path(datastore),
         infer=infer,
         draft_model_name=params.get("draft_name", "draft"),

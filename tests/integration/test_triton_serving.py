@@ -23,16 +23,20 @@ PROMPTS = [
     "What are two good habits for writing clean code?",
 ]
 MAX_TOKENS = 48
-POLICIES = ["vanilla", "ucbspec", "exp3spec", "fixed:pld", "fixed:suffix", "fixed:rest"]
+POLICIES = ["vanilla", "ucbspec", "exp3spec", "fixed:pld", "fixed:suffix", "fixed:rest", "fixed:eagle"]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_grpc_output_equals_in_process_vanilla(server, local_vanilla, policy):
+    drafted = 0
     for prompt in PROMPTS:
         result = generate_grpc(server.grpc_url, prompt, GenerationOptions(max_tokens=MAX_TOKENS, policy=policy))
         assert result.text == local_vanilla(prompt, MAX_TOKENS), f"first differing prompt: {prompt!r}"
         assert result.responses == 1
         assert result.stats["steps"] >= 1 and result.stats["generated_tokens"] <= MAX_TOKENS
+        assert not result.stats["dropped_arms"], result.stats["dropped_arms"]
+        drafted += sum(result.stats["drafted"])
+    assert (drafted > 0) == (policy != "vanilla"), "the arm was served and really drafted"
 
 
 def test_streaming_sends_several_responses_that_concatenate_to_the_text(server, local_vanilla):

@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from banditspec.batching.prefill_split import ContinuationSplitter
 from banditspec.batching.target_metrics import VerifyBatchMetrics
 from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
 from banditspec.engine.reference import validate_request
@@ -38,6 +39,7 @@ class TritonPythonModel:
         if hasattr(pb_utils, "MetricFamily"):
             factory = triton_family_factory(pb_utils)
             self.metrics = TargetEngineMetrics(factory, model=args.get("model_name", "target"), version=args.get("model_version", "1"))
+        self.splitter = ContinuationSplitter()
         # batches > 1 seen from outside: nv_banditspec_target_verified_sequences / _verify_batches
         self.batch_metrics = VerifyBatchMetrics(
             triton_family_factory(pb_utils) if hasattr(pb_utils, "MetricFamily") else None,
@@ -61,27 +63,33 @@ class TritonPythonModel:
                 where.append(i)
             except BanditSpecValidationError as exc:
                 responses[i] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)
-        if batch:
-            try:
-                results = self.engine.verify(batch)
-            except BanditSpecValidationError as exc:
-                results = None
-                for i in where:
-                    responses[i] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)
-            except Exception as exc:
-                log.exception("verification failed")
-                results = None
-                for i in where:
-                    responses[i] = _error(f"target: verification failed ({type(exc).__name__})", pb_utils.TritonError.INTERNAL)
-            if results is not None:
-                self.batch_metrics.record(batch, results)
-                for i, result in zip(where, results):
-                    responses[i] = pb_utils.InferenceResponse(
-                        output_tensors=[pb_utils.Tensor(k, v) for k, v in encode_result(result).items()]
-                    )
+        # Decoding steps share one pass; new sequences (prefills) get their own, so that a
+        # prompt does not pad every decoding sequence to its length.
+        for group in self.splitter.split(batch):
+            self._verify([batch[g] for g in group], [where[g] for g in group], responses)
         if self.metrics is not None:
             self.metrics.update(sample_engine(self.engine))
         return responses
+
+    def _verify(self, batch, where, responses):
+        """One engine call for ``batch``; fills ``responses`` at the indices ``where``."""
+        try:
+            results = self.engine.verify(batch)
+        except BanditSpecValidationError as exc:
+            for i in where:
+                responses[i] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)
+            return
+        except Exception as exc:
+            log.exception("verification failed")
+            for i in where:
+                responses[i] = _error(f"target: verification failed ({type(exc).__name__})", pb_utils.TritonError.INTERNAL)
+            return
+        self.batch_metrics.record(batch, results)
+        for i, request, result in zip(where, batch, results):
+            self.splitter.observe(request, result)
+            responses[i] = pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(k, v) for k, v in encode_result(result).items()]
+            )
 
     def finalize(self):
         if self.metrics is not None:

@@ -1,0 +1,167 @@
+"""Drafter ``eagle``: chain drafting with a trained EAGLE-1 head.
+
+A session keeps the head's KV cache over the *real* pairs (f_i, x_{i+1}) only, i.e. the
+target's features from ``observe``. ``propose`` first feeds the pairs that arrived since
+the last call (one small prefill), then drafts token by token, feeding back its own
+predicted feature f^ and drafted token; those speculative cache entries are dropped when
+``propose`` returns. So after a rejection nothing needs undoing: the next ``propose``
+continues from the real features the target returned for the accepted tokens, and the state
+equals a fresh session over the same tokens.
+
+The session needs the target's hidden states (``VerifyRequest.hidden_from`` >= 0). When a
+step came without them and a gap in the features is left, the session stops proposing
+(empty drafts) for the rest of the request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from banditspec.drafters.base import Draft
+from banditspec.eagle.head import EagleHead, load_head
+from banditspec.errors import BanditSpecValidationError
+
+DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "eagle" / "weights" / "eagle-smollm2.safetensors"
+
+
+class EagleDrafter:
+    """Shared, read-only: the head and the target's embedding matrix.
+
+    embedding: float32 [target_vocab, hidden] (the target's tied embedding / LM head).
+    stop_ids: drafting stops after proposing one of these (e.g. EOS).
+    """
+
+    name = "eagle"
+    needs_hidden_states = True  # the decoding loop then asks the target for its hidden states
+
+    def __init__(self, head: EagleHead, embedding: torch.Tensor, stop_ids: Sequence[int] = ()):
+        cfg = head.config
+        if embedding.ndim != 2 or tuple(embedding.shape) != (cfg.target_vocab_size, cfg.hidden_size):
+            raise BanditSpecValidationError(
+                "embedding", f"expected shape {(cfg.target_vocab_size, cfg.hidden_size)}, "
+                f"got {tuple(embedding.shape)}")
+        self.head = head.eval()
+        self.embedding = embedding.detach().to(torch.float32)
+        self.draft_vocab = head.draft_vocab.to(torch.int64)
+        self.lm_rows = self.embedding[self.draft_vocab].contiguous()  # [K, H]
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.head.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.head.config.target_vocab_size
+
+    def start(self, prompt_ids: Sequence[int]) -> "EagleSession":
+        return EagleSession(self, prompt_ids)
+
+
+class EagleSession:
+    """Per-request state: tokens, real features not yet fed to the head, the head's KV cache."""
+
+    def __init__(self, drafter: EagleDrafter, prompt_ids: Sequence[int]):
+        self.drafter = drafter
+        self.tokens: list[int] = []
+        self._append_tokens(prompt_ids, "prompt_ids")
+        if not self.tokens:
+            raise BanditSpecValidationError("prompt_ids", "must hold at least one token")
+        self.num_features = 0  # positions 0 .. num_features-1 have a real feature f_i
+        self.pending: list[torch.Tensor] = []  # features of positions committed .. num_features-1
+        self.cache_k, self.cache_v = drafter.head.empty_cache()  # real pairs 0 .. committed-1
+        self.committed = 0
+        self._last_predicted: torch.Tensor | None = None  # f^ after the last real pair
+        self.closed = False
+
+    # --- protocol --------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, max_len: int) -> Draft:
+        if max_len <= 0 or self.closed or not self.can_draft:
+            return Draft()
+        head = self.drafter.head
+        predicted = self._commit_pending()  # f^ of the next position, [1, 1, H]
+        proposed: list[int] = []
+        k, v = self.cache_k, self.cache_v
+        while True:
+            token = self._argmax(predicted)
+            proposed.append(token)
+            if len(proposed) >= max_len or token in self.drafter.stop_ids:
+                break
+            emb = self.drafter.embedding[token].view(1, 1, -1)
+            predicted, k, v = head.step(emb, predicted, k, v)
+            predicted = predicted[:, -1:]
+        return Draft(token_ids=np.asarray(proposed, dtype=np.int32))
+
+    def observe(self, new_tokens: Sequence[int], hidden_states: np.ndarray | None = None) -> None:
+        if self.closed:
+            return
+        self._append_tokens(new_tokens, "new_tokens")
+        if hidden_states is None:
+            return
+        rows = np.asarray(hidden_states)
+        n = len(self.tokens)
+        if rows.ndim != 2 or rows.shape[1] != self.drafter.hidden_size or rows.shape[0] > n - 1:
+            raise BanditSpecValidationError(
+                "hidden_states", f"expected [<= {n - 1}, {self.drafter.hidden_size}] rows, "
+                f"got {list(rows.shape)}")
+        first = n - 1 - rows.shape[0]  # position of the first row (rows end at position n-2)
+        if first > self.num_features:
+            return  # a gap: features of positions num_features .. first-1 never came
+        fresh = rows[self.num_features - first:]
+        if len(fresh):
+            self.pending.append(torch.from_numpy(np.ascontiguousarray(fresh, dtype=np.float32)))
+            self.num_features += len(fresh)
+
+    def close(self, finished: bool) -> None:
+        self.closed = True
+        self.pending.clear()
+        self.cache_k = self.cache_v = None
+
+    # --- internals -------------------------------------------------------------------
+    @property
+    def can_draft(self) -> bool:
+        """Features of every position but the last: f_0 .. f_{n-2} with n tokens."""
+        return self.num_features >= 1 and self.num_features == len(self.tokens) - 1
+
+    def _append_tokens(self, ids: Sequence[int], field: str) -> None:
+        values = [int(t) for t in ids]
+        vocab = self.drafter.vocab_size
+        if any(t < 0 or t >= vocab for t in values):
+            raise BanditSpecValidationError(field, f"token ids must lie in [0, {vocab})")
+        self.tokens.extend(values)
+
+    def _commit_pending(self) -> torch.Tensor:
+        """Feed real pairs committed .. num_features-1 into the cache; f^ of the last one."""
+        head, emb_matrix = self.drafter.head, self.drafter.embedding
+        if self.pending:
+            features = torch.cat(self.pending).unsqueeze(0)  # [1, T, H]
+            next_tokens = torch.tensor(self.tokens[self.committed + 1: self.num_features + 1])
+            predicted, self.cache_k, self.cache_v = head.step(
+                emb_matrix[next_tokens].unsqueeze(0), features, self.cache_k, self.cache_v)
+            self.pending = []
+            self.committed = self.num_features
+            self._last_predicted = predicted[:, -1:]
+        return self._last_predicted
+
+    def _argmax(self, predicted: torch.Tensor) -> int:
+        logits = self.drafter.head.draft_logits(predicted.view(-1), self.drafter.lm_rows)
+        return int(self.drafter.draft_vocab[int(logits.argmax())])
+
+
+def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS) -> EagleDrafter:
+    """The shipped head for SmolLM2-135M-Instruct, on ``target_model``'s (frozen) embedding."""
+    head = load_head(weights)
+    cfg, target = head.config, target_model.config
+    if (cfg.hidden_size, cfg.target_vocab_size) != (target.hidden_size, target.vocab_size):
+        raise BanditSpecValidationError(
+            "eagle_weights", f"head built for hidden {cfg.hidden_size} / vocab "
+            f"{cfg.target_vocab_size}, target has {target.hidden_size} / {target.vocab_size}")
+    embedding = target_model.get_input_embeddings().weight.detach().float()
+    eos = target.eos_token_id
+    stop_ids = eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
+    return EagleDrafter(head, embedding, stop_ids=stop_ids)
