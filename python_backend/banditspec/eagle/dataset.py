@@ -1,0 +1,66 @@
+"""The training FeatureSet of a build, cached in the cache folder by its specification.
+
+Self-distillation data (:mod:`.selfdistill`, the default) plus, optionally, fixed training
+text (:mod:`.corpus`, ShareGPT train-split conversations and stdlib code) whose features come
+from one extra target pass (:mod:`.features`). Interrupted builds resume from shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from banditspec.eagle.corpus import CorpusSpec, build_corpus
+from banditspec.eagle.features import FeatureSet, extract_features, load_features, save_features
+from banditspec.eagle.selfdistill import DistillSpec, distill
+from banditspec.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+
+def concat(sets: list[FeatureSet]) -> FeatureSet:
+    sets = [s for s in sets if len(s)]
+    lengths = np.concatenate([np.diff(s.offsets) for s in sets])
+    return FeatureSet(
+        tokens=np.concatenate([s.tokens for s in sets]),
+        features=np.concatenate([s.features for s in sets]),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        loss_from=np.concatenate([s.loss_from for s in sets]),
+        kinds=np.concatenate([s.kinds for s in sets]),
+    )
+
+
+def _cached(name: str, spec, model_name: str, build) -> FeatureSet:
+    key = hashlib.sha256(json.dumps([model_name, type(spec).__name__, asdict(spec)]).encode()).hexdigest()[:12]
+    folder = cache_dir() / f"eagle-{name}-{model_name}-{key}"
+    cached = load_features(folder)
+    if cached is not None:
+        log.info("using cached %s", folder)
+        return cached
+    shards = folder.with_name(folder.name + ".shards")  # an interrupted build resumes from here
+    fs = build(shards)
+    save_features(fs, folder)
+    shutil.rmtree(shards, ignore_errors=True)
+    return fs
+
+
+def training_data(model, tokenizer, model_name: str, distill_spec: DistillSpec,
+                  text_spec: CorpusSpec, progress: bool = True) -> FeatureSet:
+    parts = []
+    if distill_spec.chat_prompts + distill_spec.code_prompts > 0:
+        parts.append(_cached("distill", distill_spec, model_name,
+                             lambda shards: distill(model, tokenizer, distill_spec, shards, progress)))
+    if text_spec.chat_tokens + text_spec.code_tokens > 0:
+        parts.append(_cached("text", text_spec, model_name, lambda shards: extract_features(
+            model, build_corpus(tokenizer, text_spec), progress=progress, shard_dir=shards)))
+    if not parts:
+        from banditspec.errors import BanditSpecValidationError
+
+        raise BanditSpecValidationError("chat_prompts", "no training data requested")
+    return concat(parts)

@@ -1,0 +1,304 @@
+"""The Eagle head, its training objective and the ``eagle`` drafter.
+
+Fast tests use a random head over the tiny random Llama (hidden 64, SmolLM2's vocab); the
+tests marked slow use the real SmolLM2 target and the shipped weights.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from banditspec.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, load_default_eagle_drafter
+from banditspec.eagle.evaluate import greedy_speculative
+from banditspec.eagle.features import FeatureSet
+from banditspec.eagle.head import EagleConfig, EagleHead, load_head, save_head
+from banditspec.eagle.objective import Batch, unrolled_mask, unrolled_predictions
+from banditspec.eagle.train import TrainConfig, evaluate_head, train_head
+from banditspec.eagle.vocab import choose_draft_vocab
+from banditspec.errors import BanditSpecValidationError
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from banditspec.engine.models import load_model
+
+    model, _ = load_model("tiny")
+    return model
+
+
+def make_head(model, draft_vocab: int = 512, seed: int = 0) -> EagleHead:
+    torch.manual_seed(seed)
+    head = EagleHead(EagleConfig.for_target(model.config, draft_vocab))
+    with torch.no_grad():  # larger weights than the init so that proposals vary with input
+        for p in head.parameters():
+            if p.ndim == 2:
+                p.normal_(0, 0.3)
+    head.draft_vocab = torch.randperm(model.config.vocab_size)[:draft_vocab]
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny):
+    return EagleDrafter(make_head(tiny), tiny.get_input_embeddings().weight)
+
+
+@torch.inference_mode()
+def target_hidden(model, ids) -> np.ndarray:
+    """float32 [len(ids), H]: post-norm last hidden state of every position."""
+    return model.model(input_ids=torch.tensor([list(ids)])).last_hidden_state[0].numpy()
+
+
+def random_ids(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 49152, size=n).tolist()
+
+
+# --- head -----------------------------------------------------------------------------
+def test_config_rejects_bad_shapes():
+    with pytest.raises(BanditSpecValidationError, match="num_heads"):
+        EagleConfig(hidden_size=576, num_heads=7)
+    with pytest.raises(BanditSpecValidationError, match="draft_vocab_size"):
+        EagleConfig(draft_vocab_size=0)
+    with pytest.raises(BanditSpecValidationError, match="draft_vocab_size"):
+        EagleConfig(draft_vocab_size=60000, target_vocab_size=49152)
+
+
+def test_incremental_steps_equal_full_forward(tiny):
+    head = make_head(tiny)
+    emb, feats = torch.randn(1, 11, 64), torch.randn(1, 11, 64)
+    with torch.no_grad():
+        full = head(emb, feats)
+        k, v = head.empty_cache()
+        parts = []
+        for a, b in [(0, 4), (4, 5), (5, 11)]:
+            out, k, v = head.step(emb[:, a:b], feats[:, a:b], k, v)
+            parts.append(out)
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_unrolled_mask_matches_chain_drafting_context():
+    mask = unrolled_mask(5, 3)  # step 3: real keys <= i-2, step-2 key i-1, itself
+    i = 4
+    assert mask[i, :5].tolist() == [True, True, True, False, False]
+    assert mask[i, 5:10].tolist() == [False, False, False, True, False]
+    assert mask[i, 10:].tolist() == [False, False, False, False, True]
+    assert mask[:, 10:].diagonal().all()  # a query always sees itself (no empty rows)
+    assert torch.equal(unrolled_mask(4, 1), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_unrolled_step_two_equals_incremental_drafting(tiny):
+    """Training's step 2 at pair i == drafting: real pairs 0..i-1 cached, then (f^_i, x_{i+1})."""
+    head = make_head(tiny)
+    emb, real = torch.randn(1, 9, 64), torch.randn(1, 9, 64)
+    with torch.no_grad():
+        step1, step2 = unrolled_predictions(head, emb, real, steps=2)
+        i = 6
+        _, k, v = head.step(emb[:, :i], real[:, :i], *head.empty_cache())
+        drafted, _, _ = head.step(emb[:, i:i + 1], step1[:, i - 1:i], k, v)
+    torch.testing.assert_close(drafted[:, 0], step2[:, i], rtol=1e-4, atol=1e-4)
+
+
+def test_save_load_round_trip(tiny, tmp_path):
+    head = make_head(tiny)
+    path = tmp_path / "head.safetensors"
+    save_head(head, path, {"note": "test"})
+    loaded = load_head(path)
+    assert json.loads(path.with_suffix(".json").read_text())["note"] == "test"
+    assert torch.equal(loaded.draft_vocab, head.draft_vocab)
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        torch.testing.assert_close(b.float(), a.float(), rtol=1e-2, atol=1e-2, msg=name)
+
+
+def test_choose_draft_vocab_keeps_forced_ids_and_frequency_order():
+    counts = np.array([5, 0, 9, 7, 1, 3])
+    chosen = choose_draft_vocab(counts, 4, always=[1, 1]).tolist()
+    assert chosen == [1, 2, 3, 0]
+
+
+# --- drafter ----------------------------------------------------------------------------
+def started(drafter, model, ids, prompt_len):
+    """A session that saw prompt ids[:prompt_len] and then, step by step, one token at a time."""
+    hidden = target_hidden(model, ids)
+    session = drafter.start(ids[:prompt_len])
+    session.observe([ids[prompt_len]], hidden[:prompt_len])
+    return session, hidden
+
+
+def test_proposals_are_deterministic(drafter, tiny):
+    ids = random_ids(20, seed=1)
+    a, _ = started(drafter, tiny, ids, 12)
+    b, _ = started(drafter, tiny, ids, 12)
+    first = a.propose(4).token_ids
+    assert first.dtype == np.int32 and len(first) == 4
+    assert np.array_equal(first, b.propose(4).token_ids)
+    assert np.array_equal(first, a.propose(4).token_ids)  # proposing leaves the state alone
+    assert set(first.tolist()) <= set(drafter.draft_vocab.tolist())
+
+
+def test_rollback_after_rejection_equals_fresh_session(drafter, tiny):
+    prompt = random_ids(10, seed=2)
+    session, _ = started(drafter, tiny, prompt + random_ids(1, seed=3), 10)
+    draft = session.propose(4).token_ids.tolist()
+    # the target accepts two draft tokens and then corrects the third
+    correction = (draft[2] + 1) % 49152
+    sequence = prompt + random_ids(1, seed=3) + draft[:2] + [correction]
+    hidden = target_hidden(tiny, sequence)
+    session.observe(draft[:2] + [correction], hidden[-4:-1])
+    after = session.propose(4).token_ids
+
+    fresh = drafter.start(sequence[:10])
+    fresh.observe(sequence[10:], hidden[:-1])
+    assert np.array_equal(after, fresh.propose(4).token_ids)
+    assert session.committed == fresh.committed == len(sequence) - 1
+    torch.testing.assert_close(session.cache_k, fresh.cache_k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(session.cache_v, fresh.cache_v, rtol=1e-4, atol=1e-4)
+
+
+def test_max_len_and_stop_ids_respected(drafter, tiny):
+    ids = random_ids(16, seed=4)
+    session, _ = started(drafter, tiny, ids, 12)
+    for max_len in range(0, 7):
+        assert len(session.propose(max_len)) == max_len
+    first = int(session.propose(1).token_ids[0])
+    stopping = EagleDrafter(drafter.head, drafter.embedding, stop_ids=[first])
+    session, _ = started(stopping, tiny, ids, 12)
+    assert session.propose(5).token_ids.tolist() == [first]
+
+
+def test_missing_features_mean_no_draft(drafter, tiny):
+    ids = random_ids(16, seed=5)
+    session = drafter.start(ids[:8])
+    assert len(session.propose(4)) == 0  # no hidden states yet
+    session.observe([ids[8]], None)  # a step without hidden states leaves a gap
+    session.observe([ids[9]], target_hidden(tiny, ids[:10])[-1:])
+    assert len(session.propose(4)) == 0
+    with pytest.raises(BanditSpecValidationError, match="hidden_states"):
+        drafter.start(ids[:8]).observe([ids[8]], np.zeros((3, 5), dtype=np.float32))
+    with pytest.raises(BanditSpecValidationError, match="prompt_ids"):
+        drafter.start([49152])
+
+
+def test_speculative_loop_output_equals_plain_greedy(drafter, tiny):
+    prompt = random_ids(12, seed=6)
+    plain = greedy_speculative(tiny, drafter, prompt, gamma=0, max_new_tokens=24, eos_id=None)
+    spec = greedy_speculative(tiny, drafter, prompt, gamma=4, max_new_tokens=24, eos_id=None)
+    assert spec.output_ids == plain.output_ids and len(plain.output_ids) == 24
+    assert max(spec.proposed) == 4 and sum(spec.accepted) <= sum(spec.proposed)
+
+
+# --- training ---------------------------------------------------------------------------
+def tiny_feature_set(model, n_seqs: int, length: int, seed: int) -> FeatureSet:
+    rng = np.random.default_rng(seed)
+    # a repetitive token source so that there is something to learn in a few steps
+    pool = rng.integers(3, 49152, size=40)
+    seqs = [pool[rng.integers(0, 40, size=length)] for _ in range(n_seqs)]
+    feats = [target_hidden(model, s).astype(np.float16) for s in seqs]
+    return FeatureSet(
+        tokens=np.concatenate(seqs).astype(np.int32),
+        features=np.concatenate(feats),
+        offsets=np.arange(0, (n_seqs + 1) * length, length, dtype=np.int64),
+        loss_from=np.zeros(n_seqs, dtype=np.int32),
+        kinds=np.array(["chat"] * n_seqs),
+    )
+
+
+def test_tiny_training_reduces_loss(tiny):
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig.for_target(tiny.config, 256))
+    embedding = tiny.get_input_embeddings().weight.detach()
+    train_set = tiny_feature_set(tiny, 16, 24, seed=7)
+    cfg = TrainConfig(epochs=6, batch_tokens=96, lr=3e-3, warmup=3, unroll_steps=2, noise=0.05)
+    before, _ = evaluate_head(head, embedding, train_set, cfg)
+    result = train_head(head, embedding, train_set, None, cfg, progress=False)
+    after, _ = evaluate_head(head, embedding, train_set, cfg)
+    assert len(result.losses) >= 20
+    assert after[0] < 0.8 * before[0] and after[1] < 0.8 * before[1]
+    assert np.mean(result.losses[-5:]) < np.mean(result.losses[:5])
+
+
+# --- shipped weights --------------------------------------------------------------------
+def test_shipped_weights_load():
+    assert DEFAULT_WEIGHTS.exists() and DEFAULT_WEIGHTS.stat().st_size < 20 * 2**20
+    head = load_head(DEFAULT_WEIGHTS)
+    assert head.config.hidden_size == 576 and head.config.target_vocab_size == 49152
+    vocab = head.draft_vocab
+    assert len(vocab) == head.config.draft_vocab_size == len(set(vocab.tolist()))
+    assert int(vocab.min()) >= 0 and int(vocab.max()) < 49152
+    info = json.loads(DEFAULT_WEIGHTS.with_suffix(".json").read_text())
+    assert info["corpus"]["chat_tokens"] > 0 and len(info["metrics"]["val_top1_per_step"]) >= 1
+
+
+@pytest.mark.slow
+def test_shipped_head_drafts_accepted_tokens_on_smollm2():
+    from banditspec.datasets import sharegpt_split
+    from banditspec.engine.models import load_model
+
+    model, tokenizer = load_model("smollm2")
+    drafter = load_default_eagle_drafter(model)
+    question = sharegpt_split("eval")[3][0][1][:400]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                           tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    plain = greedy_speculative(model, drafter, ids, 0, 40, tokenizer.eos_token_id)
+    spec = greedy_speculative(model, drafter, ids, 4, 40, tokenizer.eos_token_id)
+    assert spec.output_ids == plain.output_ids
+    assert spec.mean_accepted_tokens > 1.3  # a random head gets ~1.0
+
+
+def test_feature_extraction_resumes_from_shards(tiny, tmp_path):
+    from banditspec.eagle.corpus import TrainingSequence
+    from banditspec.eagle.features import extract_features
+
+    seqs = [TrainingSequence(random_ids(n, seed=n), loss_from=1, kind="chat") for n in (9, 14, 5, 20)]
+    first = extract_features(tiny, seqs, batch_tokens=32, progress=False, bf16=False,
+                             shard_dir=tmp_path, shard_tokens=10)
+    assert len(list(tmp_path.glob("shard-*.npz"))) >= 2
+    np.testing.assert_allclose(first.sequence(1)[1].astype(np.float32),
+                               target_hidden(tiny, seqs[1].token_ids), rtol=1e-2, atol=2e-3)
+
+    class NoTarget:  # every sequence is in a shard: the target must not run again
+        def __getattr__(self, name):
+            raise AssertionError("target called")
+
+    again = extract_features(NoTarget(), seqs, progress=False, shard_dir=tmp_path)
+    assert np.array_equal(again.features, first.features) and np.array_equal(again.tokens, first.tokens)
+
+
+def test_target_argmax_counts_count_greedy_choices(tiny):
+    from banditspec.eagle.vocab import target_argmax_counts
+
+    fs = tiny_feature_set(tiny, 3, 10, seed=8)
+    embedding = tiny.get_input_embeddings().weight.detach()
+    counts = target_argmax_counts(embedding, fs, sample=30, seed=0)
+    assert counts.sum() == 30
+    greedy = (torch.from_numpy(fs.features.astype(np.float32)) @ embedding.T).argmax(-1)
+    assert counts[np.bincount(greedy.numpy()).argmax()] > 0
+
+
+def test_batched_greedy_features_match_a_plain_forward(tiny):
+    from banditspec.eagle.selfdistill import greedy_with_features
+
+    prompts = [random_ids(n, seed=n) for n in (5, 9, 3)]
+    eos = 7
+    outputs = greedy_with_features(tiny, prompts, max_new_tokens=6, eos_id=eos, pad_id=0, bf16=False)
+    embedding = tiny.get_input_embeddings().weight.detach()
+    for prompt, (tokens, feats) in zip(prompts, outputs):
+        assert tokens[: len(prompt)] == prompt and len(prompt) < len(tokens) <= len(prompt) + 6
+        assert feats.shape == (len(tokens), 64)
+        expected = target_hidden(tiny, tokens)
+        np.testing.assert_allclose(feats.astype(np.float32), expected, rtol=1e-2, atol=5e-3)
+        greedy = (torch.from_numpy(expected) @ embedding.T).argmax(-1).tolist()
+        assert tokens[len(prompt):] == greedy[len(prompt) - 1: -1]  # each answer token is greedy
+
+
+def test_code_prompts_come_from_stdlib_docstrings():
+    from banditspec.eagle.selfdistill import code_prompts
+
+    prompts = code_prompts(5, seed=0)
+    assert len(prompts) == 5 and all("def " in p and '"""' in p or "'''" in p for p in prompts)
+    assert prompts == code_prompts(5, seed=0)
