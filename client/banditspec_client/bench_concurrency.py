@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep prompts up to this long (short prompts keep prefill from dominating)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--warmup-s", type=float, default=8.0, help="closed loop before the measured window")
-    parser.add_argument("--warmup-per-stream-s", type=float, default=0.75,
+    parser.add_argument("--warmup-per-stream-s", type=float, default=1.0,
                         help="extra warm-up per stream (the first prompts of all streams are prefilled at once)")
     parser.add_argument("--measure-s", type=float, default=16.0, help="measured window per setting and level")
     parser.add_argument("--cache-entries", type=int, default=None,
@@ -99,8 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue-delay-us", type=int, default=None,
                         help="override the target's dynamic-batching max_queue_delay_microseconds in the bench's copy")
     parser.add_argument("--bls-threads", type=int, default=None,
-                        help="the Python backend's thread-pool-size (default: 2 x the largest concurrency + 8; "
-                             "Triton's default, 32, deadlocks once 32 BLS calls are in flight)")
+                        help="the Python backend's thread-pool-size, which serves BLS calls "
+                             "(default: 2 x the largest concurrency + 8; Triton's own default is 32)")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="the target's torch threads (on a shared 2-core machine more threads oversubscribe)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON (plot and table next to it)")

@@ -26,7 +26,7 @@ from banditspec_client.triton_client import GenerationOptions
 OUTPUT_TOKENS = "nv_banditspec_target_output_tokens"
 VERIFIED_SEQUENCES = "nv_banditspec_target_verified_sequences"
 VERIFY_BATCHES = "nv_banditspec_target_verify_batches"
-ACTIVE_SEQUENCES = "nv_banditspec_active_sequences"
+REQUESTS = "nv_banditspec_requests"  # by model and outcome: one count per finished request
 EVICTIONS = "nv_banditspec_target_kv_cache_evictions"
 
 
@@ -73,6 +73,7 @@ class LoadResult:
     window_tokens: float  # target output tokens during the measurement window
     requests: list[RequestRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    sent: int = 0  # requests sent
     batches: float = 0.0  # target verify batches during the window
     sequences: float = 0.0  # sequences those batches held
     evictions: float = 0.0  # prefix-cache evictions in the target during the window
@@ -138,6 +139,8 @@ def _stream_worker(
         while time.monotonic() < stop_at:
             started, full = time.monotonic(), request_opts is opts
             client.async_stream_infer(model_name, _grpc_inputs(prompts[index % len(prompts)], request_opts))
+            with lock:
+                out.sent += 1
             index += stride
             request_opts = opts
             while True:
@@ -169,13 +172,13 @@ def _stream_worker(
             client.close()
 
 
-def wait_idle(metrics_url: str, timeout: float = 300.0) -> bool:
-    """Until no sequence is in flight in any banditspec model (cancelled ones included);
-    False if that did not happen within ``timeout`` seconds."""
+def wait_idle(metrics_url: str, model_name: str, expected: float, timeout: float = 300.0) -> bool:
+    """Until ``model_name`` has finished ``expected`` requests in all (any outcome: a cancelled
+    request counts once the server has noticed and stopped it); False after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if scrape(metrics_url, ACTIVE_SEQUENCES) == 0:
+            if scrape(metrics_url, REQUESTS, {"model": model_name}) >= expected:
                 return True
         except OSError:
             pass
@@ -198,6 +201,7 @@ def run_closed_loop(
     over the last ``measure_s`` seconds."""
     result = LoadResult(concurrency, 0.0, 0.0)
     lock = threading.Lock()
+    finished_before = scrape(metrics_url, REQUESTS, {"model": model_name})
     begin = time.monotonic()
     stop_at = begin + warmup_s + measure_s
     threads = [
@@ -222,6 +226,6 @@ def run_closed_loop(
     result.window_seconds, result.window_tokens = t1 - t0, tokens1 - tokens0
     for thread in threads:
         thread.join(timeout=30)
-    if not wait_idle(metrics_url):
-        result.errors.append("the server still had sequences in flight 300 s after the run")
+    if not wait_idle(metrics_url, model_name, finished_before + result.sent):
+        result.errors.append("the server had not finished every request 300 s after the run")
     return result
