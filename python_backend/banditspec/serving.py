@@ -35,6 +35,40 @@ class ResponseSink(Protocol):
     def is_cancelled(self) -> bool: ...
 
 
+class _FinalHeldBack:
+    """Wraps a sink so that the final response (text or error) waits until :meth:`release`.
+
+    The controller finishes its bookkeeping (active count, slot, metrics) before the client
+    hears that the request ended, so whatever a client observes after its final response
+    (``nv_banditspec_*`` counters, a free slot) already includes that request.
+    """
+
+    def __init__(self, sink: ResponseSink):
+        self._sink = sink
+        self._final: tuple | None = None
+
+    def send(self, text: str, stats: dict | None, final: bool) -> None:
+        if final:
+            self._final = ("send", text, stats, True)
+        else:
+            self._sink.send(text, stats, False)
+
+    def fail(self, kind: str, message: str) -> None:
+        self._final = ("fail", kind, message)
+
+    def is_cancelled(self) -> bool:
+        return self._sink.is_cancelled()
+
+    def release(self) -> None:
+        final, self._final = self._final, None
+        if final is None:
+            return
+        if final[0] == "send":
+            self._sink.send(*final[1:])
+        else:
+            self._sink.fail(*final[1:])
+
+
 # Optional inputs: name -> (kind, what the value must be). Required: text_input, max_tokens.
 INPUT_KINDS: dict[str, str] = {
     "text_input": "text",
@@ -178,6 +212,13 @@ class Controller:
 
     def handle(self, inputs: Mapping[str, np.ndarray | None], sink: ResponseSink) -> None:
         """Serve one request to completion; never raises."""
+        held = _FinalHeldBack(sink)
+        try:
+            self._handle(inputs, held)
+        finally:
+            held.release()
+
+    def _handle(self, inputs: Mapping[str, np.ndarray | None], sink: ResponseSink) -> None:
         try:
             request, stream = self.build_request(inputs)
             session = self.decoder.start(request)

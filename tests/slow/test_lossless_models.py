@@ -40,7 +40,8 @@ def methods(stack) -> list[str]:
     return ["ucbspec", "exp3spec", *[f"fixed:{a}" for a in arms]]  # gamma 1 / 8: tests/unit/test_decoding.py
 
 
-def check_all(stack, max_draft_len: int = 4):
+def check_all(stack, max_draft_len: int = 4) -> int:
+    """Compares every method on every prompt; returns how many comparisons were made."""
     prompts = lossless_prompts()
     assert len(prompts) >= 30
     compared = 0
@@ -70,8 +71,10 @@ def tiny_stack():
 
 
 def test_every_policy_and_arm_is_lossless_on_smollm2(smollm2_stack):
-    assert check_all(smollm2_stack) >= 30 * 6
+    assert set(smollm2_stack.decoder.drafters) == {"pld", "suffix", "rest", "eagle"}
+    assert check_all(smollm2_stack) == len(lossless_prompts()) * len(methods(smollm2_stack))
 
 
 def test_every_policy_and_arm_is_lossless_on_the_tiny_model(tiny_stack):
-    assert check_all(tiny_stack) >= 30 * 6
+    assert set(tiny_stack.decoder.drafters) == {"pld", "suffix", "rest"}
+    assert check_all(tiny_stack) == len(lossless_prompts()) * len(methods(tiny_stack))

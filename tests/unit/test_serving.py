@@ -202,3 +202,34 @@ def test_tensor_engine_round_trip_through_the_codec():
     controller.handle(inputs(policy=np.array([[b"ucbspec"]], dtype=object)), sink)
     assert sink.text == expected_text(mock, "hello world", 40)
     assert any("draft_input_ids" in names for names in seen)
+
+
+@pytest.mark.parametrize("case", ["success", "invalid", "engine_error"])
+def test_bookkeeping_is_done_before_the_final_response(case):
+    """A client that reads metrics or sends its next request right after its final response
+    must find this request already counted and its slot free."""
+    controller, engine = make_controller(max_concurrent_sequences=1)
+    seen: list[str] = []
+    controller.on_request_done = lambda outcome, stats: seen.append(f"done:{outcome}")
+    controller.on_active = lambda active: seen.append(f"active:{active}")
+
+    class OrderSink(RecordingSink):
+        def send(self, text, stats, final):
+            super().send(text, stats, final)
+            if final:
+                seen.append("final")
+
+        def fail(self, kind, message):
+            super().fail(kind, message)
+            seen.append("final")
+
+    if case == "engine_error":
+        def broken(*args, **kwargs):
+            raise RuntimeError("target down")
+        engine.verify = broken
+    request = inputs(max_tokens=-1) if case == "invalid" else inputs(max_tokens=8)
+    controller.handle(request, OrderSink())
+    assert seen[-1] == "final" and seen.count("final") == 1
+    assert any(s.startswith("done:") for s in seen[:-1])
+    if case != "invalid":
+        assert "active:0" in seen[:-1]
