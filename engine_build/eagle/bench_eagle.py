@@ -66,6 +66,8 @@ def main() -> int:
     eos = tokenizer.eos_token_id
     report: dict = {"weights": args.weights.name, "max_new_tokens": args.max_new_tokens, "workloads": {}}
     for workload, prompts in (("chat", chat_prompts(args.chat)), ("code", code_prompts(args.code))):
+        if not prompts:
+            continue
         per_gamma = {g: [] for g in args.gammas}
         steps = {g: 0 for g in args.gammas}
         covered, generated, mismatches = 0, 0, 0

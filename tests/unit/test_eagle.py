@@ -230,7 +230,7 @@ def test_shipped_weights_load():
     assert len(vocab) == head.config.draft_vocab_size == len(set(vocab.tolist()))
     assert int(vocab.min()) >= 0 and int(vocab.max()) < 49152
     info = json.loads(DEFAULT_WEIGHTS.with_suffix(".json").read_text())
-    assert info["corpus"]["chat_tokens"] > 0 and len(info["metrics"]["val_top1_per_step"]) >= 1
+    assert info["distill"]["chat_prompts"] > 0 and len(info["metrics"]["val_top1_per_step"]) >= 1
 
 
 @pytest.mark.slow

@@ -87,13 +87,13 @@ class EagleSession:
         predicted = self._commit_pending()  # f^ of the next position, [1, 1, H]
         proposed: list[int] = []
         k, v = self.cache_k, self.cache_v
+        embedding = self.drafter.embedding
         while True:
             token = self._argmax(predicted)
             proposed.append(token)
             if len(proposed) >= max_len or token in self.drafter.stop_ids:
                 break
-            emb = self.drafter.embedding[token].view(1, 1, -1)
-            predicted, k, v = head.step(emb, predicted, k, v)
+            predicted, k, v = head.step(embedding[token].view(1, 1, -1), predicted, k, v)
             predicted = predicted[:, -1:]
         return Draft(token_ids=np.asarray(proposed, dtype=np.int32))
 

@@ -171,11 +171,10 @@ class EagleHead(nn.Module):
         return features @ lm_head_rows.T
 
     # --- whole-sequence forward (training, prefill) ------------------------------------
-    def forward(self, embeddings: torch.Tensor, features: torch.Tensor,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Causal forward over whole pairs: predicted features [B, T, H]."""
         t = features.shape[1]
-        positions = torch.arange(t) if positions is None else positions
+        positions = torch.arange(t)
         u = self.fuse(embeddings, features)
         q, k, v = self.qkv(u, positions)
         mask = torch.ones(t, t, dtype=torch.bool).tril()
