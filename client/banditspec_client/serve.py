@@ -130,6 +130,8 @@ class TritonServer:
         self.model = model
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         merged: dict[str, dict[str, str]] = {"target": {"target_model": model}, "banditspec": {"target_model": model}}
+        if (Path(source) / "eagle" / "config.pbtxt").exists():
+            merged["eagle"] = {"target_model": model}
         for name, values in (overrides or {}).items():
             merged.setdefault(name, {}).update(values)
         self.overrides = merged

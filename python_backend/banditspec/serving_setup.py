@@ -4,6 +4,7 @@ Paths and models come only from here, never from a request."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Mapping
 
@@ -17,6 +18,7 @@ from banditspec.runtime import build_drafters
 from banditspec.serving import Controller, ServingDefaults
 
 TARGET_KINDS = ("reference", "tensorrtllm")
+log = logging.getLogger(__name__)
 
 
 def _flag(text: str) -> bool:
@@ -51,6 +53,19 @@ def _eagle_target(params: Mapping[str, str]):
     return model
 
 
+def _remote_eagle(params: Mapping[str, str], infer: InferFn, model_name: str):
+    """The eagle arm through the ``eagle`` model, or None when the shipped head does not fit
+    the target (e.g. the tiny test model): the arm is then simply not served."""
+    from banditspec.drafters.eagle import head_fit_problem
+    from banditspec.drafters.eagle_remote import RemoteEagleDrafter
+
+    problem = head_fit_problem(params.get("target_model", "smollm2"))
+    if problem is not None:
+        log.warning("eagle arm not served: %s", problem)
+        return None
+    return RemoteEagleDrafter(infer, model_name=model_name)
+
+
 def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
     kind = params.get("target_kind", "reference")
     if kind not in TARGET_KINDS:
@@ -68,14 +83,23 @@ def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
         provides_hidden_states=eagle,
     )
     datastore = params.get("rest_datastore", "default")
+    eagle_model = params.get("eagle_model", "").strip()  # "": the head runs in this process
+    remote_eagle = eagle and bool(eagle_model)
     drafters = build_drafters(
-        drafter_names,
+        [n for n in drafter_names if not (remote_eagle and n == "eagle")],
         tokenizer,
-        target_model=_eagle_target(params) if eagle else None,
+        target_model=_eagle_target(params) if eagle and not remote_eagle else None,
         rest_datastore=None if datastore in ("", "default") else Path(datastore),
         infer=infer,
         draft_model_name=params.get("draft_name", "draft"),
     )
+    if remote_eagle:
+        remote = _remote_eagle(params, infer, eagle_model)
+        if remote is not None:
+            drafters = {**drafters, "eagle": remote}
+        else:
+            eagle = False
+    engine.provides_hidden_states = eagle and "eagle" in drafters
     limits = Limits(
         max_tokens=_int(params, "max_tokens_limit", 1024),
         max_prompt_tokens=_int(params, "max_prompt_tokens", 1536),

@@ -39,6 +39,25 @@ def test_grpc_output_equals_in_process_vanilla(server, local_vanilla, policy):
     assert (drafted > 0) == (policy != "vanilla"), "the arm was served and really drafted"
 
 
+def test_the_eagle_arm_drafts_in_the_eagle_model_through_bls(server, local_vanilla):
+    """fixed:eagle and ucbspec call the `eagle` model (Triton's own counters move), lossless;
+    plain decoding does not call it."""
+    from banditspec_client.soak import metric_total, scrape_metrics
+
+    def eagle_calls() -> float:
+        return metric_total(scrape_metrics(server.metrics_port), "nv_inference_count", model="eagle")
+
+    prompt = PROMPTS[2]
+    for policy, called in (("vanilla", False), ("fixed:eagle", True), ("ucbspec", True)):
+        before = eagle_calls()
+        result = generate_grpc(server.grpc_url, prompt, GenerationOptions(max_tokens=MAX_TOKENS, policy=policy))
+        assert result.text == local_vanilla(prompt, MAX_TOKENS)
+        pulls = sum(1 for arm in result.stats["arms"] if arm.startswith("eagle"))
+        assert (eagle_calls() > before) == called, policy
+        if policy == "fixed:eagle":  # at most one call per pull, plus the one that ends the sequence
+            assert 2 <= eagle_calls() - before <= pulls + 1
+
+
 def test_streaming_sends_several_responses_that_concatenate_to_the_text(server, local_vanilla):
     prompt = PROMPTS[0]
     result = generate_grpc(server.grpc_url, prompt, GenerationOptions(max_tokens=MAX_TOKENS, stream=True))

@@ -217,3 +217,44 @@ def test_cpu_banditspec_points_at_its_target(cpu_repository):
         pytest.skip("model_repository/banditspec is not written yet")
     params = parse_config(path).parameters
     assert (cpu_repository / params["target_name"].string_value / "config.pbtxt").is_file()
+
+
+NUMPY_TO_TRITON = {"uint64": "TYPE_UINT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", "bool": "TYPE_BOOL"}
+
+
+def test_the_remote_eagle_arm_speaks_the_eagle_model(cpu_repository):
+    """Every tensor RemoteEagleSession sends (first call, later call, end) is declared by
+    ``eagle`` with its dtype and rank; the output it reads is declared; banditspec names it."""
+    import numpy as np
+
+    from banditspec.drafters.eagle_remote import EAGLE_OUTPUTS, RemoteEagleDrafter
+
+    config = parse_config(cpu_repository / "eagle" / "config.pbtxt")
+    assert config.name == "eagle" and config.max_batch_size == 0 and (cpu_repository / "eagle" / "1").is_dir()
+    sent: dict[str, tuple[str, list[int]]] = {}
+
+    def infer(model, tensors, outputs):
+        assert model == "eagle"
+        for name, value in tensors.items():
+            sent[name] = (NUMPY_TO_TRITON[value.dtype.name], [-1] * value.ndim)
+        return {"draft_ids": np.zeros(0, dtype=np.int32)}
+
+    session = RemoteEagleDrafter(infer).start([1, 2, 3])
+    session.observe([4], np.zeros((3, 8), dtype=np.float32))
+    session.propose(4)
+    session.observe([5], np.zeros((1, 8), dtype=np.float32))
+    session.propose(2)
+    session.close(finished=True)
+    declared = _declared(config.input)
+    problems = []
+    for name, (dtype, dims) in sent.items():
+        tensor = declared.get(name)
+        if tensor is None:
+            problems.append(f"eagle: input {name} not declared")
+        elif model_config_pb2.DataType.Name(tensor.data_type) != dtype or len(tensor.dims) != len(dims):
+            problems.append(f"eagle: input {name} declared {tensor}, sent {dtype} rank {len(dims)}")
+    assert not problems, "\n".join(problems)
+    assert set(sent) == set(declared), "every declared input is used"
+    assert set(EAGLE_OUTPUTS) <= set(_declared(config.output))
+    params = parse_config(cpu_repository / "banditspec" / "config.pbtxt").parameters
+    assert params["eagle_model"].string_value == "eagle"

@@ -165,3 +165,20 @@ def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS) ->
     eos = target.eos_token_id
     stop_ids = eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
     return EagleDrafter(head, embedding, stop_ids=stop_ids)
+
+
+def head_fit_problem(target_name: str, weights: Path = DEFAULT_WEIGHTS) -> str | None:
+    """Why the head in ``weights`` cannot draft for the target checkpoint ``target_name``
+    (hidden size / vocabulary differ), or None when it fits. Reads configs only."""
+    import json
+
+    from banditspec.engine.models import model_dir
+
+    head_cfg = json.loads(Path(weights).with_suffix(".json").read_text())["config"]
+    target_cfg = json.loads((model_dir(target_name) / "config.json").read_text())
+    head_shape = (int(head_cfg["hidden_size"]), int(head_cfg["target_vocab_size"]))
+    target_shape = (int(target_cfg["hidden_size"]), int(target_cfg["vocab_size"]))
+    if head_shape != target_shape:
+        return (f"head built for hidden {head_shape[0]} / vocab {head_shape[1]}, "
+                f"target {target_name} has {target_shape[0]} / {target_shape[1]}")
+    return None

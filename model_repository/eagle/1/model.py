@@ -1,0 +1,66 @@
+"""Triton adapter for the Eagle head: tensors in, banditspec.eagle.service, draft ids out."""
+
+import json
+import logging
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from banditspec.eagle.service import EAGLE_INPUTS, call_from_tensors
+from banditspec.errors import BanditSpecValidationError
+
+log = logging.getLogger("banditspec.eagle")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+
+        from banditspec.drafters.eagle import head_fit_problem, load_default_eagle_drafter
+        from banditspec.eagle.service import EagleService
+        from banditspec.engine.models import load_model
+
+        params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
+        threads = int(params.get("torch_threads", "1"))
+        if threads > 0:
+            torch.set_num_threads(threads)
+        target = params.get("target_model", "smollm2")
+        self.service = None
+        self.unavailable = head_fit_problem(target)
+        if self.unavailable is not None:  # e.g. the tiny test model: the controller leaves the arm out
+            log.warning("eagle: not serving: %s", self.unavailable)
+            return
+        model, _ = load_model(target)
+        self.service = EagleService(
+            load_default_eagle_drafter(model),
+            max_sequences=int(params.get("max_sequences", "64")),
+            max_draft_len=int(params.get("max_draft_len_limit", "16")),
+        )
+        del model  # the drafter keeps the embedding only
+
+    def execute(self, requests):
+        return [self._one(request) for request in requests]
+
+    def _one(self, request):
+        if self.service is None:
+            return _error(f"eagle: not served here ({self.unavailable})", pb_utils.TritonError.UNAVAILABLE)
+        tensors = {}
+        for name in EAGLE_INPUTS:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                tensors[name] = tensor.as_numpy()
+        try:
+            draft = self.service.handle(call_from_tensors(tensors))
+        except BanditSpecValidationError as exc:
+            return _error(str(exc), pb_utils.TritonError.INVALID_ARG)
+        except Exception as exc:
+            log.exception("eagle: drafting failed")
+            return _error(f"eagle: drafting failed ({type(exc).__name__})", pb_utils.TritonError.INTERNAL)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("draft_ids", draft.astype(np.int32))])
+
+    def finalize(self):
+        self.service = None
+
+
+def _error(message, code):
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))

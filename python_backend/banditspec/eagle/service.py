@@ -1,0 +1,152 @@
+"""The Eagle head as a service: the logic of the ``eagle`` Triton model, without Triton.
+
+The ``banditspec`` controller reaches the head through BLS (``drafters/eagle_remote.py``);
+this module keeps one :class:`~banditspec.drafters.eagle.EagleSession` per sequence, in a
+bounded least-recently-used table, so that a call carries only what is new since the last
+one (a few tokens and their target features), never the whole sequence.
+
+One call (:class:`EagleCall`), in this order:
+
+1. ``prompt_ids`` present: start the sequence afresh (a known id is replaced);
+   absent: the sequence must be known (else ``sequence_id`` is named in the error:
+   it was never started, already ended, or evicted by newer sequences);
+2. ``new_tokens`` / ``hidden_states``: what the target produced since the last call
+   (``EagleSession.observe`` semantics, several steps concatenated);
+3. ``end``: forget the sequence (no draft); otherwise
+4. propose up to ``max_draft_len`` tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from banditspec.drafters.eagle import EagleDrafter, EagleSession
+from banditspec.errors import BanditSpecValidationError
+
+
+@dataclass
+class EagleCall:
+    """One request to the ``eagle`` model.
+
+    sequence_id:   uint64, chosen by the caller (random per request)
+    prompt_ids:    int32 [T] or None: starts the sequence
+    new_tokens:    int32 [n]: tokens appended since the last call (may be empty)
+    hidden_states: float32 [m, hidden] or None: the target features that came with them
+    max_draft_len: int >= 0: tokens to propose (0: observe only)
+    end:           forget the sequence
+    """
+
+    sequence_id: int
+    prompt_ids: np.ndarray | None = None
+    new_tokens: np.ndarray | None = None
+    hidden_states: np.ndarray | None = None
+    max_draft_len: int = 0
+    end: bool = False
+
+
+def _first(name: str, kind: Callable):
+    def convert(value: np.ndarray):
+        flat = np.asarray(value).reshape(-1)
+        if flat.size != 1:
+            raise BanditSpecValidationError(name, f"expected one value, got {flat.size}")
+        return kind(flat[0])
+    return convert
+
+
+# model input -> (EagleCall field, conversion of its numpy value)
+EAGLE_INPUTS: dict[str, tuple[str, Callable[[np.ndarray], object]]] = {
+    "sequence_id": ("sequence_id", _first("sequence_id", int)),
+    "prompt_ids": ("prompt_ids", lambda a: np.asarray(a).reshape(-1)),
+    "input_ids": ("new_tokens", lambda a: np.asarray(a).reshape(-1)),
+    "hidden_states": ("hidden_states", lambda a: np.asarray(a, dtype=np.float32)),
+    "max_draft_len": ("max_draft_len", _first("max_draft_len", int)),
+    "end": ("end", _first("end", bool)),
+}
+
+
+def call_from_tensors(tensors: Mapping[str, np.ndarray]) -> EagleCall:
+    """An :class:`EagleCall` from the model's input tensors (absent optional ones: defaults)."""
+    if "sequence_id" not in tensors:
+        raise BanditSpecValidationError("sequence_id", "is required")
+    fields = {}
+    for name, (field, convert) in EAGLE_INPUTS.items():
+        if name in tensors and tensors[name] is not None:
+            fields[field] = convert(tensors[name])
+    return EagleCall(**fields)
+
+
+class EagleService:
+    """Sessions of one shared :class:`EagleDrafter`, at most ``max_sequences`` of them."""
+
+    def __init__(self, drafter: EagleDrafter, *, max_sequences: int = 64, max_draft_len: int = 16):
+        if isinstance(max_sequences, bool) or int(max_sequences) < 1:
+            raise BanditSpecValidationError("max_sequences", f"must be >= 1, got {max_sequences!r}")
+        if isinstance(max_draft_len, bool) or int(max_draft_len) < 0:
+            raise BanditSpecValidationError("max_draft_len", f"must be >= 0, got {max_draft_len!r}")
+        self.drafter = drafter
+        self.max_sequences = int(max_sequences)
+        self.max_draft_len = int(max_draft_len)
+        self._sessions: OrderedDict[int, EagleSession] = OrderedDict()
+        self._lock = threading.Lock()
+        self.evicted = 0  # sequences dropped to make room (a caller then loses its eagle arm)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def handle(self, call: EagleCall) -> np.ndarray:
+        """draft_ids: int32 [<= max_draft_len] (empty when ``end`` or nothing to propose)."""
+        max_len = self._validated(call)
+        session = self._session_for(call)
+        if call.new_tokens is not None and len(call.new_tokens) or call.hidden_states is not None:
+            tokens = [] if call.new_tokens is None else call.new_tokens
+            session.observe(tokens, call.hidden_states)
+        if call.end:
+            self._forget(call.sequence_id)
+            return np.zeros(0, dtype=np.int32)
+        return session.propose(max_len).token_ids.astype(np.int32)
+
+    # --- internals -------------------------------------------------------------------
+    def _validated(self, call: EagleCall) -> int:
+        if isinstance(call.sequence_id, bool) or not 0 <= int(call.sequence_id) < 2**64:
+            raise BanditSpecValidationError("sequence_id", "must be an unsigned 64-bit integer")
+        max_len = int(call.max_draft_len)
+        if not 0 <= max_len <= self.max_draft_len:
+            raise BanditSpecValidationError("max_draft_len", f"must be in [0, {self.max_draft_len}], got {max_len}")
+        for name in ("prompt_ids", "new_tokens"):
+            value = getattr(call, name)
+            if value is not None and np.asarray(value).ndim != 1:
+                raise BanditSpecValidationError(name, f"expected a 1-D list of token ids, got shape {np.asarray(value).shape}")
+        return max_len
+
+    def _session_for(self, call: EagleCall) -> EagleSession:
+        key = int(call.sequence_id)
+        with self._lock:
+            if call.prompt_ids is not None:
+                old = self._sessions.pop(key, None)
+                if old is not None:
+                    old.close(finished=False)
+                session = self.drafter.start(call.prompt_ids)  # validates the ids
+                self._sessions[key] = session
+                while len(self._sessions) > self.max_sequences:
+                    _, evicted = self._sessions.popitem(last=False)
+                    evicted.close(finished=False)
+                    self.evicted += 1
+                return session
+            session = self._sessions.get(key)
+            if session is None:
+                raise BanditSpecValidationError(
+                    "sequence_id", f"unknown sequence {key}: never started (send prompt_ids), "
+                    "already ended, or evicted by newer sequences (raise max_sequences)")
+            self._sessions.move_to_end(key)
+            return session
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            session = self._sessions.pop(int(key), None)
+        if session is not None:
+            session.close(finished=True)
