@@ -6,8 +6,10 @@ One server holds the ``target`` and two copies of the controller model: ``bandit
 (``gamma_controller=off``) serves the fixed settings, gamma = k meaning every request uses
 one drafter arm ``fixed:<drafter>@k`` (k = 0: ``vanilla``); ``banditspec_ucb``
 (``gamma_controller=ucb``) serves the adaptive setting, every request asking for
-``<drafter>@L`` under the cap the controller learns. At each concurrency every setting
-runs the same closed loop (warm-up, then a measured window), one after the other.
+``<drafter>@L`` under the cap the controller learns. Every prompt is first run once, so
+that the target's prefix cache holds it (prefill costs the same under every setting; left
+in, it only adds noise). At each concurrency every setting then runs the same closed loop
+(warm-up, then a measured window), one after the other.
 """
 
 from __future__ import annotations
@@ -91,11 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep prompts up to this long (short prompts keep prefill from dominating)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--warmup-s", type=float, default=8.0, help="closed loop before the measured window")
-    parser.add_argument("--warmup-per-stream-s", type=float, default=1.0,
+    parser.add_argument("--warmup-per-stream-s", type=float, default=0.25,
                         help="extra warm-up per stream (the first prompts of all streams are prefilled at once)")
-    parser.add_argument("--measure-s", type=float, default=16.0, help="measured window per setting and level")
+    parser.add_argument("--measure-s", type=float, default=20.0, help="measured window per setting and level")
     parser.add_argument("--cache-entries", type=int, default=None,
-                        help="the target's prefix-cache entries (default: 2 x the largest concurrency; fewer thrash)")
+                        help="the target's prefix-cache entries (default: 2 x the largest concurrency + the prompts; "
+                             "fewer than the sequences in flight thrash)")
     parser.add_argument("--queue-delay-us", type=int, default=None,
                         help="override the target's dynamic-batching max_queue_delay_microseconds in the bench's copy")
     parser.add_argument("--bls-threads", type=int, default=None,
@@ -130,7 +133,7 @@ def run(args) -> int:
         "default_max_draft_len": str(args.max_draft_len),
     }
     overrides = {
-        "target": {"torch_threads": str(args.torch_threads), "cache_entries": str(args.cache_entries or 2 * max(levels))},
+        "target": {"torch_threads": str(args.torch_threads), "cache_entries": str(args.cache_entries or 2 * max(levels) + len(prompts))},
         "banditspec": {**common, "gamma_controller": "off"},
         ADAPTIVE_MODEL: {**common, "gamma_controller": "ucb", "gamma_controller_max": str(args.max_draft_len)},
     }
@@ -156,6 +159,7 @@ def run(args) -> int:
             opts = GenerationOptions(max_tokens=8, policy=setting.policy, max_draft_len=args.max_draft_len)
             run_closed_loop(grpc_url=server.grpc_url, metrics_url=metrics_url, model_name=setting.model_name,
                             prompts=prompts[:1], concurrency=1, opts=opts, warmup_s=0.0, measure_s=2.0)
+        prefill_prompts(server.grpc_url, prompts)
         for level in levels:
             for setting in settings:
                 opts = GenerationOptions(max_tokens=args.max_tokens, policy=setting.policy, max_draft_len=args.max_draft_len)
@@ -192,6 +196,17 @@ def run(args) -> int:
     for path in write_report(report, args.out):
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def prefill_prompts(grpc_url: str, prompts: list[str]) -> None:
+    """Run every prompt once (one token each), so that the target's prefix cache holds them:
+    every setting then starts from the same cache, and the sweep measures decoding, where
+    the settings differ (a prompt's prefill costs the same under every gamma)."""
+    from banditspec_client.triton_client import generate_grpc
+
+    print(f"prefilling {len(prompts)} prompts ...", file=sys.stderr, flush=True)
+    for prompt in prompts:
+        generate_grpc(grpc_url, prompt, GenerationOptions(max_tokens=1, policy="vanilla"))
 
 
 def _interrupt(signum, frame) -> None:

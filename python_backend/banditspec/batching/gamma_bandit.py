@@ -10,18 +10,24 @@ Algorithm 4) is taken with reward range 1:
     cr_i = exploration * (1/2) * sqrt( (1 + n_i) / n_i**2 * (1 + 2 ln(K t**2 sqrt(1 + n_i) / delta)) )
 
 with K = L + 1 arms, n_i the arm's (discounted, prior-augmented) count and t the sum
-of the counts. ``exploration = 1`` is the paper's radius; a server uses less, because a
-reward here averages many steps and its noise is far below the worst case the bound
-covers (see ``GammaControllerConfig``).
+of the counts. ``exploration = 1`` is the paper's radius; a server uses less (0.1 by
+default, chosen on a simulated batched server), because a reward here averages many
+steps and its noise is far below the worst case the bound covers.
 
 Non-stationarity: every update multiplies all counts and sums by ``discount`` (discounted
 UCB), so an arm not tried for a while regains a large radius and is tried again.
 
+Unimodality (on by default): throughput against gamma rises while drafting pays and
+falls once verification costs more than it returns, so the choice is restricted to the
+current leader (best estimated mean) and its two neighbours, as in unimodal bandits
+(Combes & Proutiere, 2014). A context then walks from gamma = L towards its best gamma
+instead of paying for every far-off gamma, and a change of load moves it step by step.
+
 Prior: a context seen for the first time may borrow the relative means of a
-neighbouring context (``set_prior``, from the neighbour's own rewards only); they count as ``prior_weight`` pulls of each gamma
-the neighbour knows, discounted like real rewards, so the context starts from its
-neighbour's best gamma instead of trying every gamma once, and forgets the borrowed
-values as its own come in.
+neighbouring context (``set_prior``, from the neighbour's own rewards only). They count
+as ``prior_weight`` pulls of each gamma the neighbour knows, discounted like real
+rewards, so the context starts from its neighbour's best gamma instead of trying every
+gamma once, and forgets the borrowed values as its own come in.
 """
 
 from __future__ import annotations
@@ -56,8 +62,8 @@ class DiscountedGammaUCB:
         self,
         max_gamma: int,
         *,
-        discount: float = 0.95,
-        exploration: float = 0.15,
+        discount: float = 0.98,
+        exploration: float = 0.1,
         delta: float = 0.5,
         prior_weight: float = 1.0,
         unimodal: bool = True,
