@@ -57,7 +57,7 @@ INVALID_CASES = (
 @dataclass(frozen=True)
 class ProcessInfo:
     pid: int
-    role: str  # "server", or the model a Python stub serves ("banditspec", "target")
+    role: str  # "server", or the model a Python stub serves ("banditspec", "target", "eagle")
     rss_bytes: int
     shm_region: str | None  # the stub's /dev/shm region name
 

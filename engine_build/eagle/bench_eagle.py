@@ -61,7 +61,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model("smollm2")
-    drafter = load_default_eagle_drafter(model, args.weights)
+    drafter = load_default_eagle_drafter(model, args.weights, min_confidence=0.0)  # the head itself: full-length drafts
     in_vocab = set(drafter.draft_vocab.tolist())
     eos = tokenizer.eos_token_id
     report: dict = {"weights": args.weights.name, "max_new_tokens": args.max_new_tokens, "workloads": {}}

@@ -170,6 +170,26 @@ def test_max_len_and_stop_ids_respected(drafter, tiny):
     assert session.propose(5).token_ids.tolist() == [first]
 
 
+def test_min_confidence_cuts_the_draft_to_a_prefix(drafter, tiny):
+    """A threshold only shortens drafts (never changes a token); a high one leaves none; the
+    cut is where the head's probability of its own token falls below the threshold."""
+    ids = random_ids(18, seed=9)
+    full, _ = started(drafter, tiny, ids, 12)
+    proposal = full.propose(6).token_ids.tolist()
+    lengths = []
+    for threshold in (0.0, 0.001, 0.01, 0.05, 0.2, 0.999):
+        cautious = EagleDrafter(drafter.head, drafter.embedding, min_confidence=threshold)
+        session, _ = started(cautious, tiny, ids, 12)
+        cut = session.propose(6).token_ids.tolist()
+        assert cut == proposal[: len(cut)]
+        lengths.append(len(cut))
+    assert lengths == sorted(lengths, reverse=True) and lengths[0] == 6 and lengths[-1] == 0
+    assert len(set(lengths)) > 2, "the thresholds should cut at different places"
+    for bad in (-0.1, 1.0, 2):
+        with pytest.raises(BanditSpecValidationError, match="min_confidence"):
+            EagleDrafter(drafter.head, drafter.embedding, min_confidence=bad)
+
+
 def test_missing_features_mean_no_draft(drafter, tiny):
     ids = random_ids(16, seed=5)
     session = drafter.start(ids[:8])
@@ -239,7 +259,7 @@ def test_shipped_head_drafts_accepted_tokens_on_smollm2():
     from banditspec.engine.models import load_model
 
     model, tokenizer = load_model("smollm2")
-    drafter = load_default_eagle_drafter(model)
+    drafter = load_default_eagle_drafter(model, min_confidence=0.0)  # the head itself, full-length drafts
     question = sharegpt_split("eval")[3][0][1][:400]
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
                                            tokenize=False, add_generation_prompt=True)

@@ -31,8 +31,11 @@ class TritonPythonModel:
             log.warning("eagle: not serving: %s", self.unavailable)
             return
         model, _ = load_model(target)
+        min_confidence = params.get("min_confidence", "")
+        drafter = (load_default_eagle_drafter(model, min_confidence=float(min_confidence)) if min_confidence
+                   else load_default_eagle_drafter(model))
         self.service = EagleService(
-            load_default_eagle_drafter(model),
+            drafter,
             max_sequences=int(params.get("max_sequences", "64")),
             max_draft_len=int(params.get("max_draft_len_limit", "16")),
         )

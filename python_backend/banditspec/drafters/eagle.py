@@ -26,6 +26,7 @@ from banditspec.eagle.head import EagleHead, load_head
 from banditspec.errors import BanditSpecValidationError
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "eagle" / "weights" / "eagle-smollm2.safetensors"
+DEFAULT_MIN_CONFIDENCE = 0.4  # see EagleDrafter; chosen by engine_build/eagle/tune_confidence.py (README there)
 
 
 class EagleDrafter:
@@ -33,12 +34,19 @@ class EagleDrafter:
 
     embedding: float32 [target_vocab, hidden] (the target's tied embedding / LM head).
     stop_ids: drafting stops after proposing one of these (e.g. EOS).
+    min_confidence: drafting stops before a token whose probability under the head (softmax
+        over the draft vocabulary) is below this, so that an unsure head proposes fewer
+        tokens (possibly none) and the target verifies less; 0 always drafts the full length.
     """
 
     name = "eagle"
     needs_hidden_states = True  # the decoding loop then asks the target for its hidden states
 
-    def __init__(self, head: EagleHead, embedding: torch.Tensor, stop_ids: Sequence[int] = ()):
+    def __init__(self, head: EagleHead, embedding: torch.Tensor, stop_ids: Sequence[int] = (),
+                 min_confidence: float = 0.0):
+        if not 0.0 <= float(min_confidence) < 1.0:
+            raise BanditSpecValidationError("min_confidence", f"must be in [0, 1), got {min_confidence!r}")
+        self.min_confidence = float(min_confidence)
         cfg = head.config
         if embedding.ndim != 2 or tuple(embedding.shape) != (cfg.target_vocab_size, cfg.hidden_size):
             raise BanditSpecValidationError(
@@ -89,7 +97,9 @@ class EagleSession:
         k, v = self.cache_k, self.cache_v
         embedding = self.drafter.embedding
         while True:
-            token = self._argmax(predicted)
+            token, confidence = self._argmax(predicted)
+            if confidence < self.drafter.min_confidence:
+                break
             proposed.append(token)
             if len(proposed) >= max_len or token in self.drafter.stop_ids:
                 break
@@ -148,12 +158,18 @@ class EagleSession:
             self._last_predicted = predicted[:, -1:]
         return self._last_predicted
 
-    def _argmax(self, predicted: torch.Tensor) -> int:
+    def _argmax(self, predicted: torch.Tensor) -> tuple[int, float]:
+        """(target id of the head's top draft token, its probability; 1.0 when not needed)."""
         logits = self.drafter.head.draft_logits(predicted.view(-1), self.drafter.lm_rows)
-        return int(self.drafter.draft_vocab[int(logits.argmax())])
+        best = int(logits.argmax())
+        confidence = 1.0
+        if self.drafter.min_confidence > 0:
+            confidence = float(torch.softmax(logits, dim=-1)[best])
+        return int(self.drafter.draft_vocab[best]), confidence
 
 
-def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS) -> EagleDrafter:
+def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS,
+                               min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> EagleDrafter:
     """The shipped head for SmolLM2-135M-Instruct, on ``target_model``'s (frozen) embedding."""
     head = load_head(weights)
     cfg, target = head.config, target_model.config
@@ -164,7 +180,7 @@ def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS) ->
     embedding = target_model.get_input_embeddings().weight.detach().float()
     eos = target.eos_token_id
     stop_ids = eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
-    return EagleDrafter(head, embedding, stop_ids=stop_ids)
+    return EagleDrafter(head, embedding, stop_ids=stop_ids, min_confidence=min_confidence)
 
 
 def head_fit_problem(target_name: str, weights: Path = DEFAULT_WEIGHTS) -> str | None:
