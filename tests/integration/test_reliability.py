@@ -210,9 +210,12 @@ def test_an_unavailable_target_fails_clearly_without_hanging():
 
 def test_stopping_the_server_with_requests_in_flight_is_clean():
     server = start_server("shutdown", banditspec={"drafters": "pld,suffix"})
-    processes = server_processes(server.process.pid)
+    try:
+        processes = server_processes(server.process.pid)
+    except BaseException:
+        server.stop()  # never leave a server behind when the test fails early
+        raise
     stubs = [p for p in processes if p.shm_region]
-    assert {p.role for p in stubs} == {"banditspec", "target", "eagle"}  # eagle loads, serving nothing for tiny
     streaming = [threading.Event() for _ in range(6)]
     outcomes: dict[int, str] = {}
 
@@ -226,6 +229,7 @@ def test_stopping_the_server_with_requests_in_flight_is_clean():
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
     try:
+        assert {p.role for p in stubs} == {"banditspec", "target", "eagle"}  # eagle loads, serving nothing for tiny
         for t in threads:
             t.start()
         assert all(e.wait(60) for e in streaming), "streams never started"

@@ -4,8 +4,10 @@ Thin glue: request tensors -> numpy dict -> banditspec.serving.Controller, which
 the decoding loop and calls `target` through BLS; responses stream back through the
 request's response sender. All decisions live in banditspec.serving."""
 
+import faulthandler
 import json
 import logging
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -68,6 +70,7 @@ class TritonSink:
 
 class TritonPythonModel:
     def initialize(self, args):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <stub pid>: thread stacks to the server log
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.controller = build_controller(params, bls_infer)

@@ -2,8 +2,10 @@
 
 All logic lives in banditspec.engine (tensor_codec + reference); this file converts."""
 
+import faulthandler
 import json
 import logging
+import signal
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -22,6 +24,7 @@ log = logging.getLogger("banditspec.target")
 
 class TritonPythonModel:
     def initialize(self, args):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <stub pid>: thread stacks to the server log
         import torch
 
         from banditspec.engine.reference import ReferenceEngine
