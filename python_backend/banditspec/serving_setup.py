@@ -66,40 +66,43 @@ def _remote_eagle(params: Mapping[str, str], infer: InferFn, model_name: str):
     return RemoteEagleDrafter(infer, model_name=model_name)
 
 
+def _drafters(params: Mapping[str, str], kind: str, tokenizer, infer: InferFn) -> dict:
+    """The served drafters by name. ``eagle`` drafts from the target's hidden states, which
+    only the reference target returns; it runs in the ``eagle_model`` Triton model, or in
+    this process when that parameter is empty."""
+    names = _csv(params.get("drafters", "pld,suffix,rest"))
+    eagle = kind == "reference" and "eagle" in names
+    eagle_model = params.get("eagle_model", "").strip()
+    datastore = params.get("rest_datastore", "default")
+    drafters = build_drafters(
+        [n for n in names if n != "eagle" or (eagle and not eagle_model)],
+        tokenizer,
+        target_model=_eagle_target(params) if eagle and not eagle_model else None,
+        rest_datastore=None if datastore in ("", "default") else Path(datastore),
+        infer=infer,
+        draft_model_name=params.get("draft_name", "draft"),
+    )
+    if eagle and eagle_model:
+        remote = _remote_eagle(params, infer, eagle_model)
+        if remote is not None:
+            drafters["eagle"] = remote
+    return drafters
+
+
 def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
     kind = params.get("target_kind", "reference")
     if kind not in TARGET_KINDS:
         raise BanditSpecValidationError("target_kind", f"must be one of {TARGET_KINDS}")
     tokenizer = load_serving_tokenizer(params)
-    drafter_names = _csv(params.get("drafters", "pld,suffix,rest"))
-    # Eagle drafts from the target's hidden states, which only the reference target returns.
-    eagle = kind == "reference" and "eagle" in drafter_names
+    drafters = _drafters(params, kind, tokenizer, infer)
     engine = TensorEngine(
         with_empty_drafts(infer) if kind == "reference" else infer,  # so that gamma = 0 steps batch with drafting ones
         model_name=params.get("target_name", "target"),
         vocab_size=len(tokenizer),
         max_context=_int(params, "max_context", 2048),
         eos_id=int(tokenizer.eos_token_id),
-        provides_hidden_states=eagle,
+        provides_hidden_states="eagle" in drafters,  # what the eagle arm drafts from
     )
-    datastore = params.get("rest_datastore", "default")
-    eagle_model = params.get("eagle_model", "").strip()  # "": the head runs in this process
-    remote_eagle = eagle and bool(eagle_model)
-    drafters = build_drafters(
-        [n for n in drafter_names if not (remote_eagle and n == "eagle")],
-        tokenizer,
-        target_model=_eagle_target(params) if eagle and not remote_eagle else None,
-        rest_datastore=None if datastore in ("", "default") else Path(datastore),
-        infer=infer,
-        draft_model_name=params.get("draft_name", "draft"),
-    )
-    if remote_eagle:
-        remote = _remote_eagle(params, infer, eagle_model)
-        if remote is not None:
-            drafters = {**drafters, "eagle": remote}
-        else:
-            eagle = False
-    engine.provides_hidden_states = eagle and "eagle" in drafters
     limits = Limits(
         max_tokens=_int(params, "max_tokens_limit", 1024),
         max_prompt_tokens=_int(params, "max_prompt_tokens", 1536),

@@ -16,7 +16,7 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from banditspec.drafters.eagle import head_fit_problem, load_default_eagle_drafter
+        from banditspec.drafters.eagle import DEFAULT_MIN_CONFIDENCE, head_fit_problem, load_default_eagle_drafter
         from banditspec.eagle.service import EagleService
         from banditspec.engine.models import load_model
 
@@ -31,11 +31,9 @@ class TritonPythonModel:
             log.warning("eagle: not serving: %s", self.unavailable)
             return
         model, _ = load_model(target)
-        min_confidence = params.get("min_confidence", "")
-        drafter = (load_default_eagle_drafter(model, min_confidence=float(min_confidence)) if min_confidence
-                   else load_default_eagle_drafter(model))
+        min_confidence = float(params.get("min_confidence", DEFAULT_MIN_CONFIDENCE))
         self.service = EagleService(
-            drafter,
+            load_default_eagle_drafter(model, min_confidence=min_confidence),
             max_sequences=int(params.get("max_sequences", "64")),
             max_draft_len=int(params.get("max_draft_len_limit", "16")),
         )

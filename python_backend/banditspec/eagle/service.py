@@ -21,11 +21,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from banditspec.drafters.eagle import EagleDrafter, EagleSession
+from banditspec.engine.tensor_codec import scalar_input
 from banditspec.errors import BanditSpecValidationError
 
 
@@ -49,35 +50,27 @@ class EagleCall:
     end: bool = False
 
 
-def _first(name: str, kind: Callable):
-    def convert(value: np.ndarray):
-        flat = np.asarray(value).reshape(-1)
-        if flat.size != 1:
-            raise BanditSpecValidationError(name, f"expected one value, got {flat.size}")
-        return kind(flat[0])
-    return convert
-
-
-# model input -> (EagleCall field, conversion of its numpy value)
-EAGLE_INPUTS: dict[str, tuple[str, Callable[[np.ndarray], object]]] = {
-    "sequence_id": ("sequence_id", _first("sequence_id", int)),
-    "prompt_ids": ("prompt_ids", lambda a: np.asarray(a).reshape(-1)),
-    "input_ids": ("new_tokens", lambda a: np.asarray(a).reshape(-1)),
-    "hidden_states": ("hidden_states", lambda a: np.asarray(a, dtype=np.float32)),
-    "max_draft_len": ("max_draft_len", _first("max_draft_len", int)),
-    "end": ("end", _first("end", bool)),
-}
+# The model's inputs, in config.pbtxt order.
+EAGLE_INPUTS = ("sequence_id", "prompt_ids", "input_ids", "hidden_states", "max_draft_len", "end")
 
 
 def call_from_tensors(tensors: Mapping[str, np.ndarray]) -> EagleCall:
     """An :class:`EagleCall` from the model's input tensors (absent optional ones: defaults)."""
-    if "sequence_id" not in tensors:
+    if tensors.get("sequence_id") is None:
         raise BanditSpecValidationError("sequence_id", "is required")
-    fields = {}
-    for name, (field, convert) in EAGLE_INPUTS.items():
-        if name in tensors and tensors[name] is not None:
-            fields[field] = convert(tensors[name])
-    return EagleCall(**fields)
+
+    def ids(name: str) -> np.ndarray | None:
+        return None if tensors.get(name) is None else np.asarray(tensors[name]).reshape(-1)
+
+    hidden = tensors.get("hidden_states")
+    return EagleCall(
+        sequence_id=scalar_input(tensors, "sequence_id", None, int),
+        prompt_ids=ids("prompt_ids"),
+        new_tokens=ids("input_ids"),
+        hidden_states=None if hidden is None else np.asarray(hidden, dtype=np.float32),
+        max_draft_len=scalar_input(tensors, "max_draft_len", 0, int),
+        end=scalar_input(tensors, "end", False, bool),
+    )
 
 
 class EagleService:
@@ -102,9 +95,7 @@ class EagleService:
         """draft_ids: int32 [<= max_draft_len] (empty when ``end`` or nothing to propose)."""
         max_len = self._validated(call)
         session = self._session_for(call)
-        if call.new_tokens is not None and len(call.new_tokens) or call.hidden_states is not None:
-            tokens = [] if call.new_tokens is None else call.new_tokens
-            session.observe(tokens, call.hidden_states)
+        session.observe([] if call.new_tokens is None else call.new_tokens, call.hidden_states)
         if call.end:
             self._forget(call.sequence_id)
             return np.zeros(0, dtype=np.int32)

@@ -49,7 +49,9 @@ def encode_request(req: VerifyRequest, *, with_reference_extras: bool) -> Tensor
     return tensors
 
 
-def _scalar(tensors: Mapping[str, np.ndarray], name: str, default, dtype):
+def scalar_input(tensors: Mapping[str, np.ndarray], name: str, default, dtype):
+    """``dtype`` of the one value of input ``name`` (``default`` when absent); an input with
+    more than one value raises BanditSpecValidationError naming it."""
     value = tensors.get(name)
     if value is None:
         return default
@@ -65,7 +67,7 @@ def decode_request(tensors: Mapping[str, np.ndarray]) -> VerifyRequest:
         raise BanditSpecValidationError("input_ids", "is required")
     ids = np.asarray(tensors["input_ids"]).reshape(-1).astype(np.int32)
     if "input_lengths" in tensors:
-        length = _scalar(tensors, "input_lengths", ids.size, int)
+        length = scalar_input(tensors, "input_lengths", ids.size, int)
         if not 0 < length <= ids.size:
             raise BanditSpecValidationError("input_lengths", f"{length} does not fit input_ids of {ids.size} tokens")
         ids = ids[:length]
@@ -80,10 +82,10 @@ def decode_request(tensors: Mapping[str, np.ndarray]) -> VerifyRequest:
         input_ids=ids,
         draft_ids=draft,
         draft_probs=probs,
-        temperature=_scalar(tensors, "temperature", 0.0, float),
-        seed=_scalar(tensors, "seed", 0, int),
-        end_id=_scalar(tensors, "end_id", -1, int),
-        hidden_from=_scalar(tensors, "hidden_states_from", -1, int),
+        temperature=scalar_input(tensors, "temperature", 0.0, float),
+        seed=scalar_input(tensors, "seed", 0, int),
+        end_id=scalar_input(tensors, "end_id", -1, int),
+        hidden_from=scalar_input(tensors, "hidden_states_from", -1, int),
     )
 
 
