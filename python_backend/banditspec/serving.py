@@ -183,6 +183,14 @@ class Controller:
         # (outcome: one of OUTCOMES, the request's SpeculationStats or None when it never started)
         self.on_request_done: Callable | None = None
 
+    def _change_active(self, delta: int) -> None:
+        """Count a sequence in or out and publish the count. Published under the lock, so
+        that the last value published is the current one (two requests ending at once must
+        not leave an older count on the gauge)."""
+        with self._active_lock:
+            self._active += delta
+            self._notify(self.on_active, self._active)
+
     def _notify(self, hook: Callable | None, *args) -> None:
         if hook is None:
             return
@@ -239,19 +247,13 @@ class Controller:
             )
             self._notify(self.on_request_done, OUTCOME_BUSY, None)
             return
-        with self._active_lock:
-            self._active += 1
-            active = self._active
-        self._notify(self.on_active, active)
+        self._change_active(+1)
         outcome = OUTCOME_INTERNAL
         try:
             outcome = self._run(session, stream, sink)
         finally:
-            with self._active_lock:
-                self._active -= 1
-                active = self._active
+            self._change_active(-1)
             self._slots.release()
-            self._notify(self.on_active, active)
             self._notify(self.on_request_done, outcome, session.stats)
 
     def _run(self, session, stream: bool, sink: ResponseSink) -> str:

@@ -233,3 +233,25 @@ def test_bookkeeping_is_done_before_the_final_response(case):
     assert any(s.startswith("done:") for s in seen[:-1])
     if case != "invalid":
         assert "active:0" in seen[:-1]
+
+
+def test_the_published_active_count_ends_at_zero_under_concurrent_requests():
+    """The on_active hook sees the counts in the order they happened: after many concurrent
+    requests the last value published is 0 (an older count must not overwrite it)."""
+    import time
+
+    controller, _ = make_controller(max_concurrent_sequences=64)
+    published: list[int] = []
+
+    def slow_hook(active):  # widens the window between counting and publishing
+        time.sleep(0.001)
+        published.append(active)
+
+    controller.on_active = slow_hook
+    threads = [threading.Thread(target=controller.handle, args=(inputs(max_tokens=4), RecordingSink())) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert controller.active_sequences == 0
+    assert published[-1] == 0 and len(published) == 64
