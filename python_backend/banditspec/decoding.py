@@ -262,7 +262,13 @@ class DecodingSession:
         self._pending = None
         output = [int(t) for t in np.asarray(result.output_ids).reshape(-1)]
         accepted = int(result.num_accepted)
-        if not output or not 0 <= accepted <= gamma or len(output) > accepted + 1:
+        # TensorRT-LLM keeps generating after a rejection until request_output_len = gamma + 1:
+        # tokens past accepted + 1 are the target's own (plain decoding), kept like the rest.
+        # The reward and stats.accepted count only the accepted draft tokens. (That output
+        # starts with the accepted draft tokens is the engine's side of the contract.) An
+        # accepted EOS may end the output without a token of the target's own.
+        ends_at_eos = len(output) == accepted > 0 and output[-1] == self._decoder.eos_id
+        if not 0 <= accepted <= gamma or not (accepted + 1 <= len(output) or ends_at_eos) or len(output) > gamma + 1:
             raise RuntimeError(f"engine returned {len(output)} tokens with {accepted} accepted of {gamma}")
         self._hidden_from = len(self._sequence) + len(output) - 1
         for session_name, session in list(self._sessions.items()):

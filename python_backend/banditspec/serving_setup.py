@@ -102,6 +102,7 @@ def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
         max_context=_int(params, "max_context", 2048),
         eos_id=int(tokenizer.eos_token_id),
         provides_hidden_states="eagle" in drafters,  # what the eagle arm drafts from
+        tensorrtllm=kind == "tensorrtllm",  # real sampling inputs, per-step seed, KV-reuse figures
     )
     limits = Limits(
         max_tokens=_int(params, "max_tokens_limit", 1024),

@@ -53,9 +53,13 @@ class VerifyRequest:
 class VerifyResult:
     """What the target decided for one :class:`VerifyRequest`.
 
-    output_ids:    int32 [num_accepted + 1]  accepted draft tokens, then one token of the
-                   target's own (the correction at the first rejection, or the bonus token
-                   when every draft token was accepted)
+    output_ids:    int32 [n], num_accepted + 1 <= n <= gamma + 1: the accepted draft tokens,
+                   then the target's own tokens: the correction at the first rejection (or
+                   the bonus token when every draft token was accepted), and possibly more
+                   target tokens after it. TensorRT-LLM keeps decoding until it has
+                   request_output_len = gamma + 1 tokens (or EOS); those extra tokens are
+                   plain decoding by the target, as valid as the rest. The reference engine
+                   returns exactly num_accepted + 1.
     num_accepted:  number of draft tokens accepted (0..gamma)
     hidden_states: float32 [len(input_ids) - hidden_from + num_accepted, hidden] or None: the
                    target's last-layer (post-norm, LM-head input) hidden state at positions

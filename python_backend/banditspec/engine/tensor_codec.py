@@ -12,11 +12,13 @@ Tensor shapes are per request, with the leading batch dimension of 1 that a mode
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from banditspec.engine.contract import VerifyRequest, VerifyResult
+from banditspec.engine.trtllm import TRTLLM_PERF_OUTPUTS, TrtllmVerifyResult, step_seed
 from banditspec.errors import BanditSpecValidationError, EngineError
 
 Tensors = dict[str, np.ndarray]
@@ -24,8 +26,12 @@ Tensors = dict[str, np.ndarray]
 InferFn = Callable[[str, Tensors, Sequence[str]], Tensors]
 
 
-def encode_request(req: VerifyRequest, *, with_reference_extras: bool) -> Tensors:
-    """Tensors the controller sends to ``target`` for one sequence."""
+def encode_request(req: VerifyRequest, *, with_reference_extras: bool, tensorrtllm: bool = False) -> Tensors:
+    """Tensors the controller sends to ``target`` for one sequence.
+
+    tensorrtllm: the target is a TensorRT-LLM engine (see :mod:`banditspec.engine.trtllm`):
+    sampling also sends ``runtime_top_k``/``runtime_top_p`` (else the engine decodes greedily)
+    and a per-step ``seed``; every call asks for the per-request KV-cache figures."""
     ids = np.asarray(req.input_ids, dtype=np.int32).reshape(1, -1)
     draft = np.asarray(req.draft_ids, dtype=np.int32).reshape(1, -1)
     tensors: Tensors = {
@@ -43,7 +49,13 @@ def encode_request(req: VerifyRequest, *, with_reference_extras: bool) -> Tensor
                 tensors["draft_logits"] = np.log(np.asarray(req.draft_probs, dtype=np.float32))[None]
     if req.temperature > 0:
         tensors["temperature"] = np.array([[req.temperature]], dtype=np.float32)
-        tensors["seed"] = np.array([[req.seed]], dtype=np.uint64)
+        seed = step_seed(req.seed, ids.shape[1]) if tensorrtllm else req.seed
+        tensors["seed"] = np.array([[seed]], dtype=np.uint64)
+        if tensorrtllm:
+            tensors["runtime_top_k"] = np.array([[0]], dtype=np.int32)  # 0: no top-k cut
+            tensors["runtime_top_p"] = np.array([[1.0]], dtype=np.float32)  # the whole distribution
+    if tensorrtllm:
+        tensors["return_perf_metrics"] = np.array([[True]], dtype=bool)
     if with_reference_extras and req.hidden_from >= 0:
         tensors["hidden_states_from"] = np.array([[req.hidden_from]], dtype=np.int32)
     return tensors
@@ -106,7 +118,9 @@ def decode_result(tensors: Mapping[str, np.ndarray], draft_ids: np.ndarray) -> V
 
     TensorRT-LLM returns only output_ids; the accepted count is the length of the
     leading run of output tokens that equal the draft (the target's own token at a
-    rejection never equals the rejected draft token)."""
+    rejection never equals the rejected draft token). The answer may hold more than
+    accepted + 1 tokens (TensorRT-LLM decodes on to request_output_len); all are kept.
+    With the per-request KV-cache figures present, the result is a TrtllmVerifyResult."""
     out = np.asarray(tensors["output_ids"]).reshape(-1).astype(np.int32)
     if "sequence_length" in tensors:
         out = out[: int(np.asarray(tensors["sequence_length"]).reshape(-1)[0])]
@@ -114,10 +128,42 @@ def decode_result(tensors: Mapping[str, np.ndarray], draft_ids: np.ndarray) -> V
     n = min(out.size, draft.size)
     mismatch = np.nonzero(out[:n] != draft[:n])[0]
     accepted = int(mismatch[0]) if mismatch.size else n
+    accepted = min(accepted, max(out.size - 1, 0))  # an accepted EOS is the target's own token
     hidden = tensors.get("hidden_states")
     if hidden is not None:
         hidden = np.asarray(hidden, dtype=np.float32).reshape(-1, np.shape(hidden)[-1])
+    if any(name in tensors for name in TRTLLM_PERF_OUTPUTS):
+        return TrtllmVerifyResult(
+            output_ids=out,
+            num_accepted=accepted,
+            hidden_states=hidden,
+            kv_cache_reused_blocks=_optional_int(tensors, "kv_cache_reused_blocks"),
+            kv_cache_alloc_new_blocks=_optional_int(tensors, "kv_cache_alloc_new_blocks"),
+        )
     return VerifyResult(output_ids=out, num_accepted=accepted, hidden_states=hidden)
+
+
+def _optional_int(tensors: Mapping[str, np.ndarray], name: str) -> int | None:
+    value = tensors.get(name)
+    if value is None or np.asarray(value).size == 0:
+        return None
+    return int(np.asarray(value).reshape(-1)[0])
+
+
+def restore_end_id(answer: Mapping[str, np.ndarray], requested: int, end_id: int) -> Tensors:
+    """TensorRT-LLM stops at ``end_id`` but leaves it out of ``output_ids`` (NVIDIA/TensorRT-LLM
+    issue 2190: "expected behavior"). Its only other stop is ``request_output_len``, so an
+    answer shorter than ``requested`` ended at EOS: put the EOS back for the decoding loop."""
+    out = np.asarray(answer["output_ids"]).reshape(-1).astype(np.int32)
+    if "sequence_length" in answer:
+        out = out[: int(np.asarray(answer["sequence_length"]).reshape(-1)[0])]
+    if end_id < 0 or out.size >= requested or (out.size and out[-1] == end_id):
+        return dict(answer)
+    out = np.append(out, np.int32(end_id))
+    fixed = dict(answer)
+    fixed["output_ids"] = out.reshape(1, 1, -1)
+    fixed["sequence_length"] = np.array([[out.size]], dtype=np.int32)
+    return fixed
 
 
 class TensorEngine:
@@ -135,8 +181,17 @@ class TensorEngine:
         max_context: int,
         eos_id: int,
         provides_hidden_states: bool = False,
+        tensorrtllm: bool = False,
     ):
+        """tensorrtllm: the target is a TensorRT-LLM engine (real sampling inputs, per-step
+        seed, per-request KV-cache figures; see :mod:`banditspec.engine.trtllm`)."""
         self._infer = infer
+        self.tensorrtllm = tensorrtllm
+        self._lock = threading.Lock()
+        # Running totals of the engine's per-request KV-cache figures (TensorRT-LLM only).
+        self.verify_calls = 0
+        self.kv_cache_reused_blocks = 0
+        self.kv_cache_alloc_new_blocks = 0
         self.model_name = model_name
         self.vocab_size = vocab_size
         self.max_context = max_context
@@ -149,9 +204,26 @@ class TensorEngine:
             outputs = list(self.OUTPUTS)
             if self.provides_hidden_states and req.hidden_from >= 0:
                 outputs.append("hidden_states")
-            tensors = encode_request(req, with_reference_extras=self.provides_hidden_states)
+            if self.tensorrtllm:
+                outputs += list(TRTLLM_PERF_OUTPUTS)
+            tensors = encode_request(req, with_reference_extras=self.provides_hidden_states, tensorrtllm=self.tensorrtllm)
             answer = self._infer(self.model_name, tensors, outputs)
             if "output_ids" not in answer:
                 raise EngineError(f"model {self.model_name!r} returned no output_ids")
-            results.append(decode_result(answer, req.draft_ids))
+            if self.tensorrtllm:
+                answer = restore_end_id(answer, len(req.draft_ids) + 1, req.end_id)
+            result = decode_result(answer, req.draft_ids)
+            if result.output_ids.size > len(req.draft_ids) + 1:
+                raise EngineError(
+                    f"model {self.model_name!r} returned {result.output_ids.size} tokens for "
+                    f"{len(req.draft_ids)} draft tokens (at most {len(req.draft_ids) + 1} were asked for)"
+                )
+            self._count(result)
+            results.append(result)
         return results
+
+    def _count(self, result: VerifyResult) -> None:
+        with self._lock:
+            self.verify_calls += 1
+            self.kv_cache_reused_blocks += getattr(result, "kv_cache_reused_blocks", None) or 0
+            self.kv_cache_alloc_new_blocks += getattr(result, "kv_cache_alloc_new_blocks", None) or 0
