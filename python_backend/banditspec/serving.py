@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
@@ -21,6 +22,7 @@ from banditspec.decoding import SpeculativeDecoder, generate
 from banditspec.engine.contract import Engine
 from banditspec.errors import BanditSpecValidationError, EngineError
 from banditspec.text import IncrementalDetokenizer, prompt_ids, stop_sequences
+from banditspec import trtllm_compat
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,9 @@ INPUT_KINDS: dict[str, str] = {
     "arms": "text_list",
     "max_draft_len": "int",
     "reward": "text",
+    # TensorRT-LLM's ensemble / tensorrt_llm_bls inputs: honoured or refused (banditspec.trtllm_compat)
+    **{k: v for k, v in trtllm_compat.input_kinds().items() if k not in ("text_input", "max_tokens", "stream",
+                                                                          "temperature", "random_seed", "stop_words")},
 }
 REQUIRED_INPUTS = ("text_input", "max_tokens")
 
@@ -135,6 +140,9 @@ def parse_inputs(inputs: Mapping[str, np.ndarray | None], defaults: ServingDefau
         if tensor is None:
             continue
         arr = np.asarray(tensor)
+        if kind == "tensor":  # only its presence matters (banditspec.trtllm_compat refuses it)
+            values[name] = arr
+            continue
         if kind == "text_list":
             items = [_text(name, x) for x in arr.reshape(-1)]
             if name == "arms":
@@ -204,19 +212,34 @@ class Controller:
         return self._active
 
     def build_request(self, inputs: Mapping[str, np.ndarray | None]) -> tuple[GenerationRequest, bool]:
+        request, stream, _ = self._build(inputs)
+        return request, stream
+
+    def _build(self, inputs: Mapping[str, np.ndarray | None]):
+        """(GenerationRequest, stream, trtllm_compat.Resolved) for a request's tensors."""
+        explicit = {name for name, value in inputs.items() if value is not None}
         values = parse_inputs(inputs, self.defaults)
+        compat = trtllm_compat.resolve(
+            {k: v for k, v in values.items() if k in explicit},
+            vocab_size=self.decoder.vocab_size,
+            eos_id=self.decoder.eos_id,
+        )
+        if compat.max_draft_len is not None and not 1 <= compat.max_draft_len <= self.decoder.limits.max_draft_len:
+            raise BanditSpecValidationError(
+                "num_draft_tokens", f"must be in 0..{self.decoder.limits.max_draft_len}, got {compat.max_draft_len}"
+            )
         request = GenerationRequest(
             prompt_ids=prompt_ids(self.tokenizer, values["text_input"], chat=self.defaults.chat_template),
             max_tokens=values["max_tokens"],
-            policy=values["policy"],
+            policy=compat.policy if compat.policy and "policy" not in explicit else values["policy"],
             arms=values.get("arms"),
-            max_draft_len=values["max_draft_len"],
-            temperature=values.get("temperature", 0.0),
-            seed=values.get("random_seed", 0),
+            max_draft_len=compat.max_draft_len or values["max_draft_len"],
+            temperature=compat.temperature,
+            seed=compat.seed,
             stop_sequences=stop_sequences(self.tokenizer, values.get("stop_words", [])),
             reward=values["reward"],
         )
-        return request, values["stream"]
+        return request, values["stream"], compat
 
     def handle(self, inputs: Mapping[str, np.ndarray | None], sink: ResponseSink) -> None:
         """Serve one request to completion; never raises."""
@@ -228,7 +251,8 @@ class Controller:
 
     def _handle(self, inputs: Mapping[str, np.ndarray | None], sink: ResponseSink) -> None:
         try:
-            request, stream = self.build_request(inputs)
+            arrival_ns = time.time_ns()
+            request, stream, compat = self._build(inputs)
             session = self.decoder.start(request)
         except BanditSpecValidationError as exc:
             sink.fail("invalid", str(exc))
@@ -250,20 +274,25 @@ class Controller:
         self._change_active(+1)
         outcome = OUTCOME_INTERNAL
         try:
-            outcome = self._run(session, stream, sink)
+            info = {"compat": compat, "prompt_tokens": len(request.prompt_ids), "arrival_ns": arrival_ns}
+            outcome = self._run(session, stream, sink, info)
         finally:
             self._change_active(-1)
             self._slots.release()
             self._notify(self.on_request_done, outcome, session.stats)
 
-    def _run(self, session, stream: bool, sink: ResponseSink) -> str:
+    def _run(self, session, stream: bool, sink: ResponseSink, info: dict | None = None) -> str:
         """Decode ``session`` to the end, streaming through ``sink``; returns the outcome."""
         detok = IncrementalDetokenizer(self.tokenizer)
         steps = generate(self.engine, session)
         delta = ""
+        scheduled_ns = time.time_ns()
+        first_token_ns = 0
         try:
             for event in steps:
                 self._notify(self.on_step, event)
+                if event.new_token_ids and not first_token_ns:
+                    first_token_ns = time.time_ns()
                 delta = detok.push(event.new_token_ids, final=event.finished)
                 if event.finished:
                     break
@@ -285,7 +314,19 @@ class Controller:
             return OUTCOME_CANCELLED
         stats = session.result().stats.as_dict()
         stats["finish_reason"] = session.finish_reason
-        sink.send(delta if stream else detok.text, stats, final=True)
+        text = delta if stream else detok.text
+        if info is not None:
+            stats["prompt_tokens"] = info["prompt_tokens"]
+            if info["compat"].echo_prompt:  # exclude_input_in_output = false (upstream's default): prompt + completion
+                text = info["compat"].prompt_text + text
+            last_ns = time.time_ns()
+            stats["timing_ns"] = {
+                "arrival": info["arrival_ns"],
+                "first_scheduled": scheduled_ns,
+                "first_token": first_token_ns or last_ns,
+                "last_token": last_ns,
+            }
+        sink.send(text, stats, final=True)
         return OUTCOME_SUCCESS
 
 

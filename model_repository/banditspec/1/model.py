@@ -43,18 +43,66 @@ def bls_infer(model_name, tensors, output_names):
     return out
 
 
+PERF_OUTPUTS = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
+                "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+
+
+def extra_outputs(stats):
+    """TensorRT-LLM's optional outputs (return_perf_metrics, return_num_*_tokens, indices) from a
+    final response's speculation stats: name -> numpy value [1, 1]."""
+    timing = stats.get("timing_ns") or {}
+    drafted, accepted = sum(stats.get("drafted", [])), sum(stats.get("accepted", []))
+    values = {
+        "arrival_time_ns": (timing.get("arrival", 0), np.int64),
+        "first_scheduled_time_ns": (timing.get("first_scheduled", 0), np.int64),
+        "first_token_time_ns": (timing.get("first_token", 0), np.int64),
+        "last_token_time_ns": (timing.get("last_token", 0), np.int64),
+        "acceptance_rate": (accepted / drafted if drafted else 0.0, np.float32),
+        "total_accepted_draft_tokens": (accepted, np.int32),
+        "total_draft_tokens": (drafted, np.int32),
+        "num_input_tokens": (stats.get("prompt_tokens") or 0, np.int32),
+        "num_output_tokens": (stats.get("generated_tokens", 0), np.int32),
+    }
+    return {name: np.array([[value]], dtype=dtype) for name, (value, dtype) in values.items()}
+
+
+def wanted_extras(request, inputs):
+    """Names of the optional outputs this request asked for (upstream's return_* flags)."""
+    def flag(name):
+        value = inputs.get(name)
+        return value is not None and np.asarray(value).size == 1 and bool(np.asarray(value).reshape(-1)[0])
+
+    wanted = set()
+    if flag("return_perf_metrics"):
+        wanted.update(PERF_OUTPUTS)
+    if flag("return_num_input_tokens"):
+        wanted.add("num_input_tokens")
+    if flag("return_num_output_tokens"):
+        wanted.add("num_output_tokens")
+    try:
+        requested = set(request.requested_output_names())
+    except Exception:
+        requested = set()
+    return wanted, requested & {"batch_index", "sequence_index"}
+
+
 class TritonSink:
     """banditspec.serving.ResponseSink over a decoupled response sender."""
 
-    def __init__(self, sender, shutting_down):
+    def __init__(self, sender, shutting_down, extras=frozenset(), indices=frozenset()):
         self._sender = sender
         self._shutting_down = shutting_down
+        self._extras = extras  # optional outputs on the final response
+        self._indices = indices  # batch_index / sequence_index (always 0) on every response
         self.closed = False
 
     def send(self, text, stats, final):
         outputs = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))]
+        outputs.extend(pb_utils.Tensor(name, np.zeros((1, 1), dtype=np.int32)) for name in self._indices)
         if stats is not None:
             outputs.append(pb_utils.Tensor("speculation_stats", np.array([[stats_json(stats)]], dtype=np.object_)))
+            if self._extras:
+                outputs.extend(pb_utils.Tensor(n, v) for n, v in extra_outputs(stats).items() if n in self._extras)
         self._sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0)
         self.closed = final
 
@@ -88,11 +136,11 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            sink = TritonSink(request.get_response_sender(), self.shutting_down)
             inputs = {}
             for name in INPUT_KINDS:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 inputs[name] = None if tensor is None else tensor.as_numpy()
+            sink = TritonSink(request.get_response_sender(), self.shutting_down, *wanted_extras(request, inputs))
             batch = {np.asarray(v).shape[0] for v in inputs.values() if v is not None and np.asarray(v).ndim > 1}
             if any(size != 1 for size in batch):
                 sink.fail("invalid", "text_input: send one prompt per request (batch dimension must be 1)")
