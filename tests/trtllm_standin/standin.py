@@ -84,7 +84,7 @@ def render_config(name: str, *, decoupled: bool, parameters: Mapping[str, str], 
         entries.append(f'  {{ name: "{t["name"]}" data_type: {t["data_type"]} dims: [ {dims} ] }}')
     lines += [",\n".join(entries), "]", "instance_group [ { count: 1 kind: KIND_CPU } ]"]
     for key, value in parameters.items():
-        lines.append(f'parameters: {{ key: "{key}" value: {{ string_value: "{value}" }} }}')
+        lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}')
     return "\n".join(lines) + "\n"
 
 
@@ -244,7 +244,8 @@ class StandIn:
         from banditspec.engine.sampling import SAMPLING_DTYPE
 
         with torch.inference_mode():
-            logits = self.model(input_ids=torch.tensor([sequence], dtype=torch.long)).logits[0, -rows:]
+            ids = torch.tensor([sequence], dtype=torch.long)
+            logits = self.model(input_ids=ids, logits_to_keep=rows, use_cache=False).logits[0, -rows:]
         logits = logits.to(SAMPLING_DTYPE) / call.temperature
         if call.top_k > 0:
             kth = torch.topk(logits, min(call.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
