@@ -111,6 +111,7 @@ MODULE_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("bench-overhead", "banditspec_client.bench_overhead", "tokens/s through Triton vs in process, side by side"),
     ("bench-concurrency", "banditspec_client.bench_concurrency", "throughput vs concurrent streams: fixed gamma vs the controller"),
     ("bench-drafters", "banditspec_client.bench_drafters", "proposal cost of each drafter"),
+    ("bench-engine", "banditspec_client.bench_engine", "verify cost over k new tokens and decode rate of the target engine"),
     ("soak", "banditspec_client.soak", "bounded soak of a real tritonserver: mixed traffic, memory, KV, /dev/shm"),
 )
 

@@ -405,14 +405,28 @@ def test_bad_engine_arguments(varied_model):
     assert ReferenceEngine(varied_model).verify([]) == []
 
 
-def test_column_major_weights_keep_values_and_outputs():
-    plain_model, relaid_model = make_llama(512, seed=0), make_llama(512, seed=0)
-    plain = ReferenceEngine(plain_model, column_major_weights=False)
-    relaid = ReferenceEngine(relaid_model)
-    weight = relaid_model.model.layers[0].mlp.up_proj.weight
-    assert weight.t().is_contiguous() and torch.equal(weight, plain_model.model.layers[0].mlp.up_proj.weight)
+def test_fast_kernels_keep_values_and_match_transformers_forward():
+    plain_model, fast_model = make_llama(512, seed=0), make_llama(512, seed=0)
+    plain = ReferenceEngine(plain_model, kernels="transformers")
+    fast = ReferenceEngine(fast_model)
+    assert fast.kernels == "fast" and plain.kernels == "transformers"
+    # the transformers modules now view the fused column-major copies: same values
+    weight = fast_model.model.layers[0].mlp.up_proj.weight
+    fused = fast._fast.layers[0].gate_up.weight_t
+    assert weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+    assert torch.equal(weight, plain_model.model.layers[0].mlp.up_proj.weight)
     prompt = random_prompt(np.random.default_rng(13), 9)
-    assert vanilla_greedy(relaid, prompt, 20) == vanilla_greedy(plain, prompt, 20)
+    assert vanilla_greedy(fast, prompt, 20) == vanilla_greedy(plain, prompt, 20)
+    # one verify over a draft: hidden states and decisions agree with transformers' forward
+    sequence = prompt + vanilla_greedy(ReferenceEngine(make_llama(512, seed=0)), prompt, 6)
+    for engine in (plain, fast):
+        engine.clear()
+    a = step(plain, sequence[:-5], sequence[-5:], hidden_from=0)
+    b = step(fast, sequence[:-5], sequence[-5:], hidden_from=0)
+    assert a.output_ids.tolist() == b.output_ids.tolist() and a.num_accepted == b.num_accepted == 5
+    np.testing.assert_allclose(a.hidden_states, b.hidden_states, rtol=1e-4, atol=1e-4)
+    with pytest.raises(BanditSpecValidationError, match="kernels"):
+        ReferenceEngine(make_llama(512, seed=0), kernels="bf16-maybe")
 
 
 def test_engine_attributes(tiny_engine):

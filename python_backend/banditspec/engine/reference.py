@@ -42,6 +42,7 @@ import torch
 from transformers import DynamicCache
 
 from banditspec.engine.contract import VerifyRequest, VerifyResult
+from banditspec.engine.fast_llama import FastLlama, PackedLinear
 from banditspec.engine.prefix_cache import LayerKV, PrefixCache, PrefixHit, cache_layers
 from banditspec.engine.sampling import (
     count_greedy_accepted,
@@ -52,6 +53,7 @@ from banditspec.engine.sampling import (
 from banditspec.errors import BanditSpecValidationError
 
 PAD_TOKEN = 0  # fed at right-padding positions; masked, its outputs discarded
+KERNELS = ("fast", "transformers")
 
 
 @dataclass(frozen=True)
@@ -189,16 +191,18 @@ class ReferenceEngine:
         max_context: int = 2048,
         cache_entries: int = 8,
         cache_tokens_budget: int | None = None,
-        column_major_weights: bool = True,
+        kernels: str = "fast",
     ):
         """model: a transformers LlamaForCausalLM (fp32, CPU), put in eval mode.
         max_context: most tokens a sequence may hold (<= the model's positions).
         cache_entries / cache_tokens_budget: bounds of the prefix cache (sequences /
         tokens in all; the budget defaults to cache_entries * max_context).
-        column_major_weights: re-lay the decoder's Linear weights in place as column-major
-        views (same values) and keep a column-major copy of the LM head (vocab x hidden
-        floats more memory). On CPU, torch's GEMM over a row-major [out, in] weight is
-        ~1.3-2x slower for 1-4 input rows, the sizes of decode and verify steps.
+        kernels: "fast" (default) runs :class:`~banditspec.engine.fast_llama.FastLlama`:
+        fused projections, a column-major weight for one-row steps and a oneDNN-packed
+        one for verify steps, so checking a draft costs little more than one token
+        (``banditspec bench-engine`` prints the curve). "transformers" runs the model's
+        own forward (with column-major weights: the engine before "fast", kept for comparison).
+        Both are fp32; greedy tokens agree up to float rounding.
         """
         config = model.config
         if not isinstance(max_context, int) or max_context < 2:
@@ -221,13 +225,22 @@ class ReferenceEngine:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._head_dim = int(head_dim)
         self._dtype = next(model.parameters()).dtype
-        self._lm_head_weight_t: torch.Tensor | None = None  # float32 [hidden, vocab]
-        if column_major_weights:
+        if kernels not in KERNELS:
+            raise BanditSpecValidationError("kernels", f"must be one of {', '.join(KERNELS)}, got {kernels!r}")
+        self.kernels = kernels
+        self._fast: FastLlama | None = None
+        self._head: PackedLinear | None = None
+        if kernels == "fast":
+            self._fast = FastLlama(model)
+            self._head = PackedLinear(model.lm_head.weight)
+        else:
+            # The previous engine: column-major views of the decoder's weights (same values;
+            # torch's GEMM over a row-major weight is slower for a few rows) and of the LM head.
             with torch.no_grad():
                 for module in model.model.layers.modules():
                     if isinstance(module, torch.nn.Linear):
                         module.weight.data = module.weight.data.t().contiguous().t()
-                self._lm_head_weight_t = model.lm_head.weight.detach().t().contiguous()
+            self._head = PackedLinear(model.lm_head.weight, packed=False)
         self._lock = threading.Lock()
         self.forward_passes = 0
         self.positions_computed = 0
@@ -295,40 +308,46 @@ class ReferenceEngine:
             position_ids[b] = torch.arange(cached[b], cached[b] + max_fresh)
             attention_mask[b, max_cached - cached[b] : max_cached + fresh[b]] = 1
         ragged = batch > 1 and (min(cached) != max_cached or min(fresh) != max_fresh)
-        output = self.model.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask if ragged else None,
-            position_ids=position_ids,
-            cache=self._batched_cache(jobs, max_cached),
-            use_cache=True,
-        )
+        if self._fast is not None:
+            past = self._batched_layers(jobs, max_cached)
+            key_mask = attention_mask.bool() if ragged else None
+            hidden, new_layers = self._fast.forward(input_ids, position_ids, past, key_mask)
+        else:
+            output = self.model.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask if ragged else None,
+                position_ids=position_ids,
+                cache=self._batched_cache(jobs, max_cached),
+                use_cache=True,
+            )
+            hidden, new_layers = output.last_hidden_state, cache_layers(output.cache)
         self.forward_passes += 1
         self.positions_computed += sum(fresh)
         self.padded_positions += batch * max_fresh - sum(fresh)
 
-        hidden = output.last_hidden_state  # float32 [batch, max_fresh, hidden]
+        # hidden: float32 [batch, max_fresh, hidden]
         # Logits only where a token is decided: seq_len - 1 .. seq_len - 1 + gamma.
         first = [len(job.request.input_ids) - 1 - job.start for job in jobs]
         decision_rows = torch.cat([hidden[b, first[b] : fresh[b]] for b in range(batch)])
         logits = self._lm_head(decision_rows).float().split([job.gamma + 1 for job in jobs])
-        layers = [self._row_layers(output.cache, b, batch, max_cached - cached[b], max_cached + fresh[b])
+        layers = [self._row_layers(new_layers, b, batch, max_cached - cached[b], max_cached + fresh[b])
                   for b in range(batch)]
         return [_RowOutput(hidden[b, : fresh[b]], logits[b], layers[b]) for b in range(batch)]
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: float32 [rows, hidden] -> logits float32 [rows, vocab]."""
-        if self._lm_head_weight_t is None:
+        if self._head is None:
             return self.model.lm_head(hidden)
-        logits = hidden @ self._lm_head_weight_t
+        logits = self._head(hidden)
         bias = self.model.lm_head.bias
         return logits if bias is None else logits + bias
 
-    def _batched_cache(self, jobs: list[_Job], max_cached: int) -> DynamicCache:
-        """Each job's reused KV, left-padded to max_cached: [batch, kv_heads, max_cached, head_dim]."""
+    def _batched_layers(self, jobs: list[_Job], max_cached: int) -> list[LayerKV] | None:
+        """Each job's reused KV, left-padded to max_cached: per layer [batch, kv_heads, max_cached, head_dim]."""
         if max_cached == 0:
-            return DynamicCache(config=self.model.config)
+            return None
         if len(jobs) == 1:
-            return jobs[0].prefix.as_cache()
+            return jobs[0].prefix.layers
         num_layers = self.model.config.num_hidden_layers
         shape = (len(jobs), self._kv_heads, max_cached, self._head_dim)
         keys = [torch.zeros(shape, dtype=self._dtype) for _ in range(num_layers)]
@@ -339,15 +358,22 @@ class ReferenceEngine:
             for layer, (k, v) in enumerate(job.prefix.layers):
                 keys[layer][b, :, max_cached - job.start :] = k[0]
                 values[layer][b, :, max_cached - job.start :] = v[0]
-        return DynamicCache(ddp_cache_data=list(zip(keys, values)))
+        return list(zip(keys, values))
+
+    def _batched_cache(self, jobs: list[_Job], max_cached: int) -> DynamicCache:
+        """:meth:`_batched_layers` as a transformers cache (the "transformers" kernels)."""
+        layers = self._batched_layers(jobs, max_cached)
+        if layers is None:
+            return DynamicCache(config=self.model.config)
+        return DynamicCache(ddp_cache_data=list(layers))
 
     @staticmethod
-    def _row_layers(kv: DynamicCache, b: int, batch: int, lo: int, hi: int) -> list[LayerKV]:
+    def _row_layers(layers: list[LayerKV], b: int, batch: int, lo: int, hi: int) -> list[LayerKV]:
         """Sequence b's real KV, positions lo..hi-1 of the padded batch: [1, kv_heads, hi - lo, head_dim]."""
         if batch == 1:
-            return cache_layers(kv)
+            return layers
         # Copies, so that a stored entry does not pin the whole batch's tensors.
-        return [(k[b : b + 1, :, lo:hi].clone(), v[b : b + 1, :, lo:hi].clone()) for k, v in cache_layers(kv)]
+        return [(k[b : b + 1, :, lo:hi].clone(), v[b : b + 1, :, lo:hi].clone()) for k, v in layers]
 
     def _decide(self, job: _Job, row: _RowOutput) -> VerifyResult:
         """Accept/reject the draft, store the confirmed KV, cut hidden states."""

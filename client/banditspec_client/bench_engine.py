@@ -1,0 +1,178 @@
+"""The target engine's verification cost curve: one forward over k new tokens, k = 1..9.
+
+Speculation pays only when verifying 1 + gamma tokens costs about what one token costs.
+This command measures, for each engine kernel set side by side in one run (the
+variants interleaved within every repetition, so machine noise hits them alike):
+
+* ``verify(k)``: a ReferenceEngine.verify call that feeds k new tokens (1 input token +
+  k - 1 draft tokens) after ``--cached`` tokens held in the prefix cache; min over
+  ``--reps`` repetitions, and its ratio to k = 1 of the same kernels;
+* the one-token decode rate: plain greedy decoding of ``--decode-tokens`` tokens;
+* exactness: whether greedy tokens of a 5-token verify equal one-token decoding at
+  every position of the decoded stretch (fp32: expected yes).
+
+Writes ``engine_cost.md`` (table), ``engine_cost.json`` and ``engine_cost.png`` into
+``--out``. Threads: ``--threads`` (the issue's figures use 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_KS = "1,2,3,4,5,7,9"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
+    parser.add_argument("--kernels", default="fast,transformers", help="engine kernel sets to compare")
+    parser.add_argument("--ks", default=DEFAULT_KS, help="new tokens per verify call")
+    parser.add_argument("--cached", type=int, default=300, help="tokens already in the prefix cache")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--decode-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/engine"))
+
+
+def _engine(model_name: str, kernels: str):
+    from banditspec.engine.models import load_model
+    from banditspec.engine.reference import ReferenceEngine
+
+    model, _ = load_model(model_name)  # a fresh copy per engine: kernels re-lay weights
+    return ReferenceEngine(model, max_context=2048, kernels=kernels)
+
+
+def _verify_once(engine, prefix: np.ndarray, k: int, rng: np.random.Generator) -> float:
+    from banditspec.engine.contract import VerifyRequest
+
+    tail = rng.integers(100, 20000, size=k).astype(np.int32)  # 1 input token + k - 1 draft tokens
+    request = VerifyRequest(np.concatenate([prefix, tail[:1]]), tail[1:])
+    start = time.perf_counter()
+    engine.verify([request])
+    return time.perf_counter() - start
+
+
+def _decode(engine, prompt: np.ndarray, tokens: int) -> tuple[list[int], float]:
+    from banditspec.engine.contract import VerifyRequest
+
+    engine.clear()
+    sequence = list(prompt)
+    start = time.perf_counter()
+    for _ in range(tokens):
+        (result,) = engine.verify([VerifyRequest(np.asarray(sequence, dtype=np.int32), np.zeros(0, np.int32))])
+        sequence += result.output_ids.tolist()
+    return sequence[len(prompt):], time.perf_counter() - start
+
+
+def _exact_in_blocks(engine, prompt: np.ndarray, greedy: list[int], block: int = 5) -> tuple[int, int]:
+    """(positions whose argmax from a block-of-5 verify equals one-token decoding, positions)."""
+    from banditspec.engine.contract import VerifyRequest
+
+    engine.clear()
+    agree = total = 0
+    sequence = list(prompt)
+    for start in range(0, len(greedy) - block, block):
+        draft = np.asarray(greedy[start : start + block], dtype=np.int32)
+        (result,) = engine.verify([VerifyRequest(np.asarray(sequence, dtype=np.int32), draft)])
+        agree += result.num_accepted  # accepted = argmax equals the one-token greedy token
+        total += block
+        if result.num_accepted < block:
+            break
+        sequence += draft.tolist()
+    return agree, total
+
+
+def run(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    torch.set_num_threads(max(1, args.threads))
+    kernel_sets = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    ks = [int(k) for k in args.ks.split(",")]
+    rng = np.random.default_rng(args.seed)
+    engines = {name: _engine(args.model, name) for name in tqdm(kernel_sets, desc="loading engines")}
+    prefix = rng.integers(100, 20000, size=args.cached).astype(np.int32)
+    times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in ks} for name in kernel_sets}
+    with torch.inference_mode():
+        for engine in engines.values():
+            engine.clear()
+            _verify_once(engine, prefix[:-1], 1, rng)  # caches the prefix
+            for k in ks:
+                _verify_once(engine, prefix, k, rng)  # warm-up
+        for _ in tqdm(range(args.reps), desc="verify curve"):
+            for k in ks:
+                for name, engine in engines.items():
+                    times[name][k].append(_verify_once(engine, prefix, k, rng))
+        decode, exact = {}, {}
+        prompt = prefix[:64]
+        for name, engine in tqdm(engines.items(), desc="decode rate"):
+            greedy, seconds = _decode(engine, prompt, args.decode_tokens)
+            decode[name] = {"tokens_per_second": args.decode_tokens / seconds, "tokens": greedy}
+            exact[name] = _exact_in_blocks(engine, prompt, greedy)
+    result = {
+        "model": args.model, "threads": args.threads, "cached": args.cached, "reps": args.reps, "ks": ks,
+        "verify_ms": {n: {k: 1e3 * min(v) for k, v in t.items()} for n, t in times.items()},
+        "decode_tokens_per_second": {n: d["tokens_per_second"] for n, d in decode.items()},
+        "same_greedy_tokens": {n: decode[n]["tokens"] == decode[kernel_sets[0]]["tokens"] for n in kernel_sets},
+        "block5_agreement": {n: list(v) for n, v in exact.items()},
+    }
+    _write(result, kernel_sets, ks, args.out)
+    return 0
+
+
+def _table(result: dict, kernel_sets: list[str], ks: list[int]) -> str:
+    ms = result["verify_ms"]
+    lines = [
+        f"Verify cost over k new tokens: {result['model']}, {result['cached']} cached tokens, "
+        f"{result['threads']} thread(s), min of {result['reps']} (ratio to k = 1 of the same kernels).",
+        "",
+        "| kernels | " + " | ".join(f"k = {k}" for k in ks) + " | decode tok/s | 5-token verify = 1-token argmax |",
+        "|---|" + "---|" * (len(ks) + 2),
+    ]
+    for name in kernel_sets:
+        base = ms[name][ks[0]]
+        cells = [f"{base:.1f} ms (1.00)"] + [f"{ms[name][k]:.1f} ({ms[name][k] / base:.2f})" for k in ks[1:]]
+        agree, total = result["block5_agreement"][name]
+        lines.append(
+            f"| {name} | " + " | ".join(cells)
+            + f" | {result['decode_tokens_per_second'][name]:.1f} | {agree}/{total} |"
+        )
+    if len(kernel_sets) > 1:
+        first, other = kernel_sets[0], kernel_sets[1]
+        lines += [
+            "",
+            f"{first} vs {other}: one-token decode {result['decode_tokens_per_second'][first] / result['decode_tokens_per_second'][other]:.2f}x, "
+            f"verify(k=5) {ms[other][5] / ms[first][5]:.2f}x faster; same greedy tokens: {result['same_greedy_tokens'][other]}."
+            if 5 in ks else "",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _write(result: dict, kernel_sets: list[str], ks: list[int], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_cost.json").write_text(json.dumps(result, indent=1) + "\n")
+    table = _table(result, kernel_sets, ks)
+    (out / "engine_cost.md").write_text(table)
+    print(table)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in kernel_sets:
+        base = result["verify_ms"][name][ks[0]]
+        ax.plot(ks, [result["verify_ms"][name][k] / base for k in ks], marker="o", label=f"{name} (k=1: {base:.0f} ms)")
+    ax.axhline(1.2, color="grey", linestyle=":", label="1.2x")
+    ax.set_xlabel("new tokens per verify (1 + gamma)")
+    ax.set_ylabel("cost / cost of one token")
+    ax.set_title(f"{result['model']}: verify cost, {result['threads']} thread(s), {result['cached']} cached")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "engine_cost.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,190 @@
+"""A compact fp32 Llama forward for the reference engine, built for small verify steps.
+
+Why not transformers' forward: a verify step feeds 1 + gamma (1..17) new tokens, and
+on CPU the cost of torch's default GEMM over a row-major weight grows almost linearly
+with those few rows (it re-packs the weight on every call), so checking 5 tokens cost
+~2x checking one. Here every projection is a oneDNN linear over a weight packed ONCE
+at load (``torch.ops.mkldnn._reorder_linear_weight``), q/k/v and gate/up are fused
+into one GEMM each (fewer, wider calls), and the per-layer Python work is a handful
+of ops. Numerics stay fp32 throughout; the math is the Llama decoder's (RMSNorm,
+rotary positions, grouped-query attention, SiLU-gated MLP) as transformers computes
+it, so greedy tokens agree with transformers' forward up to float rounding.
+
+Shapes (B = batch, T = new tokens, C = cached tokens, H = hidden, hd = head dim):
+  input_ids, position_ids: int64 [B, T]
+  past: per layer (keys, values) float32 [B, kv_heads, C, hd], or None (C = 0)
+  key_mask: bool [B, C + T] (True = a real token) or None (no padding)
+  returns hidden float32 [B, T, H] (after the final norm) and per layer (keys, values)
+  float32 [B, kv_heads, C + T, hd]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+LayerKV = tuple[torch.Tensor, torch.Tensor]
+
+
+def _packed_linear_available() -> bool:
+    try:
+        w = torch.ones(4, 4)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4), packed, None, "none", [], "")
+        return bool(torch.allclose(out, torch.full((2, 4), 4.0)))
+    except Exception:  # a torch build without oneDNN: plain GEMM over a column-major copy
+        return False
+
+
+PACKED_LINEAR = torch.backends.mkldnn.is_available() and _packed_linear_available()
+
+
+class PackedLinear:
+    """y = x @ W^T for x float32 [..., in], W [out, in].
+
+    Two layouts of one weight, chosen per call by the number of input rows: a
+    column-major copy ([in, out] contiguous) for one row, the fastest GEMV here, and
+    a oneDNN-packed copy for two or more rows, whose cost stays nearly flat in the
+    row count (the weight is packed once, not on every call).
+    """
+
+    def __init__(self, weight: torch.Tensor, *, packed: bool = True):
+        weight = weight.detach().float().contiguous()
+        self.out_features, self.in_features = weight.shape
+        self.weight_t = weight.t().contiguous()  # [in, out]
+        self._packed = None
+        if packed and PACKED_LINEAR:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is None or x.numel() == self.in_features:
+            return x @ self.weight_t
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+
+    def tie(self, modules: list[torch.nn.Linear]) -> None:
+        """Point each module's weight at its slice of the column-major copy (same values,
+        no second copy in memory); modules are listed in the order they were fused."""
+        start = 0
+        for module in modules:
+            end = start + module.out_features
+            module.weight.data = self.weight_t[:, start:end].t()
+            start = end
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor  # [H]
+    qkv: PackedLinear  # H -> (heads + 2 * kv_heads) * hd
+    o: PackedLinear  # heads * hd -> H
+    post_norm: torch.Tensor  # [H]
+    gate_up: PackedLinear  # H -> 2 * intermediate
+    down: PackedLinear  # intermediate -> H
+
+
+class FastLlama:
+    """The decoder of a transformers ``LlamaForCausalLM`` (no bias, default RoPE), re-laid
+    for small-step CPU inference. The model's decoder weights are re-pointed at the fused
+    column-major copies (same values), so the model stays usable; the oneDNN-packed
+    copies are the only extra memory (about the decoder's size again)."""
+
+    def __init__(self, model):
+        config = model.config
+        rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(f"FastLlama supports default RoPE only, not {rope_type!r}")
+        if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+            raise ValueError("FastLlama supports bias-free Llama projections only")
+        self.num_heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
+        self.hidden_size = int(config.hidden_size)
+        self.eps = float(config.rms_norm_eps)
+        self.scale = self.head_dim ** -0.5
+        decoder = model.model
+        self.embed = decoder.embed_tokens.weight.detach()  # [vocab, H]
+        self.final_norm = decoder.norm.weight.detach().float()
+        rotary = decoder.rotary_emb
+        self.inv_freq = rotary.inv_freq.detach().float()  # [hd / 2]
+        self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self.layers: list[_Layer] = []
+        with torch.no_grad():
+            for layer in decoder.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                fused = _Layer(
+                    input_norm=layer.input_layernorm.weight.detach().float(),
+                    qkv=PackedLinear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                    o=PackedLinear(attn.o_proj.weight),
+                    post_norm=layer.post_attention_layernorm.weight.detach().float(),
+                    gate_up=PackedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    down=PackedLinear(mlp.down_proj.weight),
+                )
+                # The transformers model keeps working (Eagle tools read it) on the same memory.
+                fused.qkv.tie([attn.q_proj, attn.k_proj, attn.v_proj])
+                fused.o.tie([attn.o_proj])
+                fused.gate_up.tie([mlp.gate_proj, mlp.up_proj])
+                fused.down.tie([mlp.down_proj])
+                self.layers.append(fused)
+        self.num_layers = len(self.layers)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return weight * (x * torch.rsqrt(variance + self.eps))
+
+    def _rotary(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: float32 [B, 1, T, hd] for the given positions."""
+        freqs = position_ids[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).unsqueeze(1)
+        sin = (emb.sin() * self.attention_scaling).unsqueeze(1)
+        return cos, sin
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: list[LayerKV] | None,
+        key_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
+        batch, fresh = input_ids.shape
+        cached = past[0][0].shape[2] if past else 0
+        heads, kv_heads, hd = self.num_heads, self.kv_heads, self.head_dim
+        x = F.embedding(input_ids, self.embed)  # [B, T, H]
+        cos, sin = self._rotary(position_ids)
+        # Attention mask [B, 1, T, C + T]: causal over the new tokens, all cached keys
+        # visible, padding hidden. None when a single real row needs no mask at all.
+        mask = None
+        if fresh > 1 or key_mask is not None:
+            causal = torch.ones(fresh, cached + fresh, dtype=torch.bool).tril(diagonal=cached)
+            mask = causal[None, None]
+            if key_mask is not None:
+                mask = mask & key_mask[:, None, None, :]
+        new_layers: list[LayerKV] = []
+        q_end, k_end = heads * hd, (heads + kv_heads) * hd
+        for index, layer in enumerate(self.layers):
+            h = self._norm(x, layer.input_norm)
+            qkv = layer.qkv(h)  # [B, T, (heads + 2 kv_heads) * hd]
+            q = qkv[..., :q_end].view(batch, fresh, heads, hd).transpose(1, 2)
+            k = qkv[..., q_end:k_end].view(batch, fresh, kv_heads, hd).transpose(1, 2)
+            v = qkv[..., k_end:].view(batch, fresh, kv_heads, hd).transpose(1, 2)
+            q = self._rotate(q, cos, sin)
+            k = self._rotate(k, cos, sin)
+            if past:
+                k = torch.cat((past[index][0], k), dim=2)
+                v = torch.cat((past[index][1], v), dim=2)
+            else:
+                k, v = k.contiguous(), v.contiguous()
+            new_layers.append((k, v))
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            x = x + layer.o(attn.transpose(1, 2).reshape(batch, fresh, heads * hd))
+            h = self._norm(x, layer.post_norm)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        return self._norm(x, self.final_norm), new_layers
