@@ -1,14 +1,15 @@
 # syntax=docker/dockerfile:1
 # GPU image: Triton Inference Server + TensorRT-LLM (NGC) + the banditspec controller.
 #
-# Base pinned to Triton 25.03 with TensorRT-LLM 0.18.0, Python 3.12, CUDA 12.8 (needs an
-# NVIDIA driver >= 560, or a data-center driver with CUDA forward compatibility).
+# Base pinned to Triton 26.07 (server 2.71.0) with TensorRT-LLM 1.2.1, CUDA 13.3: the newest
+# -trtllm-python-py3 image that still ships the TensorRT engine flow (trtllm-build and the
+# C++ tensorrtllm backend; upstream removed both after the 1.3 release candidates).
 # engine_build/trtllm/build_engines.py pins the same image: engines must be built by
 # the TensorRT-LLM version that serves them. See docs/deploy.md.
 #
 #   docker build -t banditspec-gpu .
 #   docker run --gpus all --shm-size=2g -p 8000:8000 -p 8001:8001 -v /srv/models:/models banditspec-gpu
-FROM nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3
+FROM nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \

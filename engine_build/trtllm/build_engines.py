@@ -1,9 +1,11 @@
 """Build the TensorRT-LLM engines and the filled model repository of the GPU variant.
 
-Where it runs: inside ``nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3`` (TensorRT-LLM
-0.18.0, Triton 25.03, CUDA 12.8, Python 3.12), i.e. inside the project's GPU image built
-``FROM`` it (Dockerfile), on a machine with an NVIDIA GPU. An engine only runs on the
-GPU model and TensorRT-LLM version that built it: build where you serve.
+Where it runs: inside ``nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3`` (TensorRT-LLM
+1.2.1, Triton 2.71.0, CUDA 13.3), i.e. inside the project's GPU image built ``FROM`` it
+(Dockerfile), on a machine with an NVIDIA GPU. 26.07 is the newest Triton image that still
+ships the TensorRT engine flow (trtllm-build + the C++ ``tensorrtllm`` backend); upstream
+removed it after the 1.3 release candidates (docs/deploy.md). An engine only runs on the GPU
+model and TensorRT-LLM version that built it: build where you serve.
 
 What it does, from two Hugging Face checkpoints that share one tokenizer:
 
@@ -11,8 +13,13 @@ What it does, from two Hugging Face checkpoints that share one tokenizer:
    (``convert_hf.py``, or ``--convert-script`` for a TensorRT-LLM example script);
 2. ``trtllm-build`` the target with ``--speculative_decoding_mode draft_tokens_external
    --max_draft_len L`` and paged context FMHA (KV-cache block reuse needs it);
-3. ``trtllm-build`` the draft as a plain engine (with generation logits for sampling);
-4. copy the tokenizer and fill ``model_repository_trtllm/`` into ``OUT/model_repository``.
+3. ``trtllm-build`` the draft as a plain engine (no logits gathered: its tokens are a
+   deterministic draft);
+4. optionally (``--eagle-hf``), the Eagle arm: TensorRT-LLM's ``examples/eagle/convert_checkpoint.py``
+   (from a v1.2.1 checkout, ``--eagle-convert-script``) merges the target and an EAGLE-1
+   checkpoint, and ``trtllm-build --speculative_decoding_mode eagle`` builds it;
+5. copy the tokenizer and fill ``model_repository_trtllm/`` into ``OUT/model_repository``
+   (plus the ``eagle`` model from ``eagle_template/`` when step 4 ran).
 
 Every engine's ``max_input_len`` is ``max_seq_len - 1``: the controller resends the whole
 sequence (prompt + output so far) at every step, so an engine input can be as long as the
@@ -42,9 +49,16 @@ for _src in (REPO_ROOT / "python_backend", REPO_ROOT / "client"):  # run from a 
 
 from banditspec.errors import BanditSpecValidationError  # noqa: E402
 
-NGC_IMAGE = "nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3"
-TENSORRT_LLM_VERSION = "0.18.0"
+NGC_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+TENSORRT_LLM_VERSION = "1.2.1"
 TEMPLATE_REPOSITORY = REPO_ROOT / "model_repository_trtllm"
+EAGLE_TEMPLATE = Path(__file__).resolve().parent / "eagle_template"
+EAGLE_MODEL = "eagle"  # the Triton model of the Eagle engine
+# The Eagle engine's own draft tree (upstream's examples/eagle defaults): up to 63 draft tokens
+# per step in a tree of depth 4. The engine drafts and verifies inside; the controller only
+# asks it for a proposal of gamma tokens, so these do not depend on L.
+EAGLE_TREE_TOKENS = 63
+EAGLE_LAYERS = 4
 CONVERT_SCRIPT = Path(__file__).resolve().parent / "convert_hf.py"
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -66,10 +80,16 @@ class BuildSpec:
     max_prompt_len: int = 2048  # longest prompt a client may send (server-side limit)
     max_num_tokens: int = 8192  # tokens per engine step, all sequences together
     dtype: str = "float16"
-    draft_logits: bool = True  # both engines gather generation logits: speculative sampling, draft arm
     target_kv_fraction: float = 0.5  # kv_cache_free_gpu_mem_fraction of each engine (same GPU)
     draft_kv_fraction: float = 0.2
     convert_script: Path | None = None
+    eagle_hf: Path | None = None  # an EAGLE-1 checkpoint for the target: builds the Eagle arm
+    eagle_convert_script: Path | None = None  # examples/eagle/convert_checkpoint.py of TensorRT-LLM v1.2.1
+    eagle_kv_fraction: float = 0.2
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return ("target", "draft", EAGLE_MODEL) if self.eagle_hf is not None else ("target", "draft")
 
     def __post_init__(self) -> None:
         for name in ("max_draft_len", "max_batch_size", "max_seq_len", "max_prompt_len", "max_num_tokens"):
@@ -84,16 +104,27 @@ class BuildSpec:
             raise BanditSpecValidationError("max_prompt_len", f"must be < max_seq_len={self.max_seq_len}")
         if self.max_num_tokens % TOKENS_PER_BLOCK:
             raise BanditSpecValidationError("max_num_tokens", f"must be a multiple of {TOKENS_PER_BLOCK}")
+        if self.eagle_hf is not None and self.max_num_tokens < self.max_batch_size * (EAGLE_TREE_TOKENS + 1):
+            raise BanditSpecValidationError(
+                "max_num_tokens", f"must hold one Eagle step of every sequence: >= {self.max_batch_size * (EAGLE_TREE_TOKENS + 1)}"
+            )
         if self.max_num_tokens < self.max_batch_size * (self.max_draft_len + 1):
             raise BanditSpecValidationError(
                 "max_num_tokens", "must hold one verification step of every sequence: "
                 f">= max_batch_size * (max_draft_len + 1) = {self.max_batch_size * (self.max_draft_len + 1)}"
             )
-        for name in ("target_kv_fraction", "draft_kv_fraction"):
+        for name in ("target_kv_fraction", "draft_kv_fraction", "eagle_kv_fraction"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise BanditSpecValidationError(name, "must be in (0, 1)")
         if self.target_kv_fraction + self.draft_kv_fraction > 0.95:
             raise BanditSpecValidationError("draft_kv_fraction", "target + draft KV fractions must stay <= 0.95")
+        if self.eagle_hf is not None:
+            if self.eagle_convert_script is None:
+                raise BanditSpecValidationError(
+                    "eagle_convert_script", "--eagle-hf needs TensorRT-LLM v1.2.1's examples/eagle/convert_checkpoint.py"
+                )
+            if self.target_kv_fraction + self.draft_kv_fraction + self.eagle_kv_fraction > 0.95:
+                raise BanditSpecValidationError("eagle_kv_fraction", "target + draft + eagle KV fractions must stay <= 0.95")
 
     def checkpoint_dir(self, role: str) -> Path:
         return self.out_dir / "checkpoints" / role
@@ -111,6 +142,13 @@ class BuildSpec:
 
 
 def convert_command(spec: BuildSpec, role: str) -> list[str]:
+    if role == EAGLE_MODEL:  # the target's weights and the Eagle head in one checkpoint
+        return [
+            "python3", str(spec.eagle_convert_script), "--model_dir", str(spec.target_hf),
+            "--eagle_model_dir", str(spec.eagle_hf), "--output_dir", str(spec.checkpoint_dir(role)),
+            "--dtype", spec.dtype, "--max_draft_len", str(EAGLE_TREE_TOKENS),
+            "--num_eagle_layers", str(EAGLE_LAYERS),
+        ]
     hf_dir = spec.target_hf if role == "target" else spec.draft_hf
     script = spec.convert_script or CONVERT_SCRIPT
     return [
@@ -139,15 +177,16 @@ def build_command(spec: BuildSpec, role: str) -> list[str]:
     ]
     if role == "target":
         cmd += ["--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", str(spec.max_draft_len)]
-    if spec.draft_logits:  # the draft returns q; the target compares it with its own logits
-        cmd += ["--gather_generation_logits"]
+    elif role == EAGLE_MODEL:
+        cmd += ["--speculative_decoding_mode", "eagle", "--max_draft_len", str(EAGLE_TREE_TOKENS)]
+    # No --gather_generation_logits: nothing reads generation logits (the draft arm's tokens
+    # are a deterministic draft; the target's verification needs no logits returned).
     return cmd
 
 
 def plan_commands(spec: BuildSpec) -> list[list[str]]:
-    """Steps 1-3 in order: convert target, convert draft, build target, build draft."""
-    return [convert_command(spec, "target"), convert_command(spec, "draft"),
-            build_command(spec, "target"), build_command(spec, "draft")]
+    """In order: convert each role (target, draft[, eagle]), then build each."""
+    return [convert_command(spec, role) for role in spec.roles] + [build_command(spec, role) for role in spec.roles]
 
 
 def repository_values(spec: BuildSpec) -> dict[str, dict[str, str]]:
@@ -164,7 +203,7 @@ def repository_values(spec: BuildSpec) -> dict[str, dict[str, str]]:
             "cancellation_check_period_ms": "100",
         }
 
-    return {
+    values = {
         "target": engine("target", spec.target_kv_fraction),
         "draft": engine("draft", spec.draft_kv_fraction),
         "banditspec": {
@@ -176,6 +215,16 @@ def repository_values(spec: BuildSpec) -> dict[str, dict[str, str]]:
             "max_tokens_limit": str(spec.max_seq_len - spec.max_prompt_len),
         },
     }
+    if spec.eagle_hf is not None:
+        values[EAGLE_MODEL] = engine(EAGLE_MODEL, spec.eagle_kv_fraction)
+    return values
+
+
+def banditspec_parameters(spec: BuildSpec) -> dict[str, str]:
+    """banditspec parameters set after filling: the Eagle arm is served only when built."""
+    if spec.eagle_hf is None:
+        return {}
+    return {"drafters": "pld,suffix,rest,draft,eagle", "eagle_model": EAGLE_MODEL}
 
 
 def copy_tokenizer(spec: BuildSpec) -> None:
@@ -188,15 +237,30 @@ def copy_tokenizer(spec: BuildSpec) -> None:
 
 
 def fill_repository_step(spec: BuildSpec) -> None:
-    from banditspec_client.fill_template import fill_repository
+    from banditspec_client.fill_template import fill_repository, fill_template
+    from banditspec_client.serve import set_parameters
 
     if spec.repository_dir.exists():
         shutil.rmtree(spec.repository_dir)
-    fill_repository(TEMPLATE_REPOSITORY, spec.repository_dir, repository_values(spec))
+    values = repository_values(spec)
+    eagle_values = values.pop(EAGLE_MODEL, None)
+    fill_repository(TEMPLATE_REPOSITORY, spec.repository_dir, values)
+    if eagle_values is not None:
+        folder = spec.repository_dir / EAGLE_MODEL
+        (folder / "1").mkdir(parents=True)
+        text = fill_template((EAGLE_TEMPLATE / "config.pbtxt").read_text(), eagle_values)
+        (folder / "config.pbtxt").write_text(text)
+    extra = banditspec_parameters(spec)
+    if extra:
+        config = spec.repository_dir / "banditspec" / "config.pbtxt"
+        config.write_text(set_parameters(config.read_text(), extra))
 
 
 def check_inputs(spec: BuildSpec) -> None:
-    for name, folder in (("target_hf", spec.target_hf), ("draft_hf", spec.draft_hf)):
+    checkpoints = [("target_hf", spec.target_hf), ("draft_hf", spec.draft_hf)]
+    if spec.eagle_hf is not None:
+        checkpoints.append(("eagle_hf", spec.eagle_hf))
+    for name, folder in checkpoints:
         if not (folder / "config.json").is_file():
             raise BanditSpecValidationError(name, f"{folder} has no config.json (not a HF checkpoint folder)")
     target_vocab = json.loads((spec.target_hf / "config.json").read_text()).get("vocab_size")
@@ -217,10 +281,11 @@ def run(spec: BuildSpec, dry_run: bool, force: bool) -> int:
         print(f"# copy tokenizer: {spec.target_hf} -> {spec.tokenizer_dir}")
         print(f"# fill repository: {TEMPLATE_REPOSITORY} -> {spec.repository_dir}")
         print(json.dumps(repository_values(spec), indent=2, sort_keys=True))
+        if banditspec_parameters(spec):
+            print(f"# banditspec parameters: {json.dumps(banditspec_parameters(spec), sort_keys=True)}")
         return 0
     check_inputs(spec)
-    outputs = [spec.checkpoint_dir("target"), spec.checkpoint_dir("draft"), spec.engine_dir("target"),
-               spec.engine_dir("draft")]
+    outputs = [spec.checkpoint_dir(role) for role in spec.roles] + [spec.engine_dir(role) for role in spec.roles]
     for cmd, output in zip(commands, outputs):
         if (output / "config.json").is_file() and not force:
             print(f"# skip (exists, --force rebuilds): {output}")
@@ -246,13 +311,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[BuildSpec, argparse.Names
     parser.add_argument("--out", type=Path, required=True, help="output folder (checkpoints, engines, repository)")
     for name in ("max_draft_len", "max_batch_size", "max_seq_len", "max_prompt_len", "max_num_tokens"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=defaults[name])
-    for name in ("target_kv_fraction", "draft_kv_fraction"):
+    for name in ("target_kv_fraction", "draft_kv_fraction", "eagle_kv_fraction"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=defaults[name])
     parser.add_argument("--dtype", choices=("float16", "bfloat16"), default=defaults["dtype"])
-    parser.add_argument(
-        "--no-draft-logits", action="store_true", help="greedy-only draft arm: build without generation logits"
-    )
     parser.add_argument("--convert-script", type=Path, help="TensorRT-LLM convert_checkpoint.py to use instead")
+    parser.add_argument("--eagle-hf", type=Path, help="EAGLE-1 checkpoint of the target: also build the Eagle arm")
+    parser.add_argument("--eagle-convert-script", type=Path,
+                        help="examples/eagle/convert_checkpoint.py of a TensorRT-LLM v1.2.1 checkout")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--force", action="store_true", help="rebuild outputs that already exist")
     args = parser.parse_args(argv)
@@ -260,8 +325,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[BuildSpec, argparse.Names
         target_hf=args.target_hf, draft_hf=args.draft_hf, out_dir=args.out,
         max_draft_len=args.max_draft_len, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
         max_prompt_len=args.max_prompt_len, max_num_tokens=args.max_num_tokens, dtype=args.dtype,
-        draft_logits=not args.no_draft_logits, target_kv_fraction=args.target_kv_fraction,
-        draft_kv_fraction=args.draft_kv_fraction, convert_script=args.convert_script,
+        target_kv_fraction=args.target_kv_fraction, draft_kv_fraction=args.draft_kv_fraction,
+        convert_script=args.convert_script, eagle_hf=args.eagle_hf, eagle_convert_script=args.eagle_convert_script,
+        eagle_kv_fraction=args.eagle_kv_fraction,
     )
     return spec, args
 

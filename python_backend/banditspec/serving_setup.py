@@ -10,7 +10,7 @@ from typing import Mapping
 
 from banditspec.batching import make_gamma_budget
 from banditspec.batching.uniform_inputs import with_empty_drafts
-from banditspec.config import Limits
+from banditspec.config import DEFAULT_POLICY, Limits
 from banditspec.decoding import SpeculativeDecoder
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
 from banditspec.errors import BanditSpecValidationError
@@ -86,6 +86,13 @@ def _drafters(params: Mapping[str, str], kind: str, tokenizer, infer: InferFn) -
         remote = _remote_eagle(params, infer, eagle_model)
         if remote is not None:
             drafters["eagle"] = remote
+    if kind == "tensorrtllm" and "eagle" in names and eagle_model:
+        # GPU: a TensorRT-LLM Eagle engine (a copy of the target with its Eagle head, drafting
+        # and verifying inside) generates the proposal; `target` verifies it like any draft,
+        # so the output stays the target's (docs/deploy.md, "The Eagle arm on GPU").
+        from banditspec.drafters.draft_model import DraftModelDrafter
+
+        drafters["eagle"] = DraftModelDrafter(infer, model_name=eagle_model, end_id=int(tokenizer.eos_token_id))
     return drafters
 
 
@@ -121,7 +128,7 @@ def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
         budget=budget,
     )
     defaults = ServingDefaults(
-        policy=params.get("default_policy", "ucbspec"),
+        policy=params.get("default_policy", DEFAULT_POLICY),
         arms=None,
         max_draft_len=_int(params, "default_max_draft_len", 4),
         reward=params.get("default_reward", "accepted"),

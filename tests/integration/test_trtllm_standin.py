@@ -23,8 +23,12 @@ PROMPTS = [
 ]
 # The GPU arm set less REST (same drafter code as on CPU, tested there; its datastore makes the
 # server start slower and its proposals never match the random-weight model).
-DRAFTERS = "pld,suffix,draft"
-POLICIES = ["vanilla", "ucbspec", "exp3spec", "fixed:pld", "fixed:suffix", "fixed:draft"]
+# The eagle arm is a TensorRT-LLM Eagle engine asked for a proposal; the `draft` stand-in serves
+# that role here (the stand-in models the Triton contract, not Eagle's internals: an Eagle
+# engine's answer to a generation request is the target's own tokens, and so is the stand-in's).
+DRAFTERS = "pld,suffix,draft,eagle"
+POLICIES = ["vanilla", "ucbspec", "exp3spec", "fixed:pld", "fixed:suffix", "fixed:draft", "fixed:eagle"]
+BANDITSPEC = {"drafters": DRAFTERS, "eagle_model": "draft"}
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +38,14 @@ def trt_server(tmp_path_factory):
     from tests.trtllm_standin.repository import build_repository
 
     repository = build_repository(tmp_path_factory.mktemp("trtllm") / "repo", model=MODEL, max_draft_len=4,
-                                  banditspec_params={"drafters": DRAFTERS})
+                                  banditspec_params=BANDITSPEC)
     log = cache_dir() / "integration-trtllm-standin.log"
     log.write_bytes(b"")
     server = TritonServer(
         model=MODEL, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
         source=repository,
         # 2 shared cores: a slow first call of the draft stand-in must not drop the arm mid-test
-        overrides={"banditspec": {"drafters": DRAFTERS, "drafter_deadline_ms": "10000"}},
+        overrides={"banditspec": {**BANDITSPEC, "drafter_deadline_ms": "10000"}},
     )
     with server:
         yield server

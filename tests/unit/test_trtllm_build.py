@@ -20,14 +20,16 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "engine_build" / "trtllm" / "build_engines.py"
 CONVERT_SCRIPT = REPO / "engine_build" / "trtllm" / "convert_hf.py"
 
-# trtllm-build flags of TensorRT-LLM 0.18 that this project may emit (its argparse and
-# plugin options); a typo or a flag from another version fails here, not on a GPU box.
+# trtllm-build flags of TensorRT-LLM 1.2 that this project may emit (tensorrt_llm/commands/build.py's
+# argparse and plugin options, read from upstream); a typo or a flag from another version fails
+# here, not on a GPU box. --gather_generation_logits exists but is deliberately not used.
 KNOWN_TRTLLM_BUILD_FLAGS = {
     "--checkpoint_dir", "--output_dir", "--max_batch_size", "--max_input_len", "--max_seq_len",
-    "--max_beam_width", "--max_num_tokens", "--kv_cache_type", "--logits_dtype", "--gather_generation_logits",
+    "--max_beam_width", "--max_num_tokens", "--kv_cache_type", "--logits_dtype",
     "--speculative_decoding_mode", "--max_draft_len", "--gemm_plugin", "--gpt_attention_plugin",
     "--remove_input_padding", "--context_fmha", "--use_paged_context_fmha", "--workers",
 }
+SPECULATIVE_MODES = {"draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"}
 
 
 def _load(path: Path, name: str):
@@ -85,7 +87,6 @@ def test_draft_is_a_plain_engine(tmp_path):
     d = _flags(build.plan_commands(_spec(tmp_path))[3])
     assert "--speculative_decoding_mode" not in d and "--max_draft_len" not in d
     assert d["--use_paged_context_fmha"] == "enable"  # its KV blocks are reused too
-    assert "--gather_generation_logits" in d
 
 
 def test_engines_take_the_whole_context_as_input(tmp_path):
@@ -99,16 +100,50 @@ def test_engines_take_the_whole_context_as_input(tmp_path):
         assert f["--logits_dtype"] == "float32"  # draft_logits is declared TYPE_FP32
 
 
-def test_no_draft_logits_drops_logit_gathering(tmp_path):
-    for cmd in build.plan_commands(_spec(tmp_path, draft_logits=False))[2:]:
-        assert "--gather_generation_logits" not in cmd
+def test_no_engine_gathers_logits_nobody_reads(tmp_path):
+    spec = _spec(tmp_path, eagle_hf=tmp_path / "eagle", eagle_convert_script=tmp_path / "conv.py")
+    for cmd in build.plan_commands(spec):
+        assert not any(word.startswith("--gather_") for word in cmd), cmd
+
+
+def test_pinned_to_the_last_release_with_the_engine_flow():
+    assert build.TENSORRT_LLM_VERSION == "1.2.1"
+    assert build.NGC_IMAGE == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+
+
+def test_eagle_arm_is_built_only_when_asked_for(tmp_path):
+    assert len(build.plan_commands(_spec(tmp_path))) == 4
+    spec = _spec(tmp_path, eagle_hf=tmp_path / "eagle", eagle_convert_script=tmp_path / "TRTLLM/examples/eagle/convert_checkpoint.py")
+    commands = build.plan_commands(spec)
+    assert len(commands) == 6
+    convert, engine = commands[2], _flags(commands[5])
+    assert convert[:2] == ["python3", str(spec.eagle_convert_script)]
+    assert convert[convert.index("--model_dir") + 1] == str(spec.target_hf)  # a second copy of the target
+    assert convert[convert.index("--eagle_model_dir") + 1] == str(tmp_path / "eagle")
+    assert engine["--speculative_decoding_mode"] == "eagle"
+    assert engine["--checkpoint_dir"] == str(spec.checkpoint_dir("eagle"))
+    assert build.banditspec_parameters(spec) == {"drafters": "pld,suffix,rest,draft,eagle", "eagle_model": "eagle"}
+    assert build.banditspec_parameters(_spec(tmp_path)) == {}
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"eagle_hf": Path("/e")}, "eagle_convert_script"),
+    ({"eagle_hf": Path("/e"), "eagle_convert_script": Path("/c"), "eagle_kv_fraction": 0.3}, "eagle_kv_fraction"),
+    ({"eagle_hf": Path("/e"), "eagle_convert_script": Path("/c"), "max_num_tokens": 256}, "max_num_tokens"),
+])
+def test_bad_eagle_spec_names_the_field(tmp_path, kw, field):
+    with pytest.raises(BanditSpecValidationError) as info:
+        _spec(tmp_path, **kw)
+    assert info.value.field == field
 
 
 def test_every_flag_is_a_known_trtllm_build_flag(tmp_path):
-    for cmd in build.plan_commands(_spec(tmp_path, dtype="bfloat16"))[2:]:
+    spec = _spec(tmp_path, dtype="bfloat16", eagle_hf=tmp_path / "e", eagle_convert_script=tmp_path / "c.py")
+    for cmd in build.plan_commands(spec)[3:]:
         flags = set(_flags(cmd))
         assert flags <= KNOWN_TRTLLM_BUILD_FLAGS, flags - KNOWN_TRTLLM_BUILD_FLAGS
         assert _flags(cmd)["--gemm_plugin"] == "bfloat16"
+        assert _flags(cmd).get("--speculative_decoding_mode", "eagle") in SPECULATIVE_MODES
 
 
 def test_convert_script_override(tmp_path):
@@ -277,3 +312,28 @@ def test_convert_hf_calls_the_tensorrt_llm_api_per_rank(tmp_path, monkeypatch):
         ("load", str(hf), "bfloat16", 0, 2), ("save", 0, str(out), True),
         ("load", str(hf), "bfloat16", 1, 2), ("save", 1, str(out), False),
     ]
+
+
+def test_full_run_with_the_eagle_arm_adds_the_eagle_model_and_arm(tmp_path, monkeypatch):
+    _hf_dir(tmp_path / "hf_t")
+    _hf_dir(tmp_path / "hf_d")
+    _hf_dir(tmp_path / "eagle")
+    spec = _spec(tmp_path, eagle_hf=tmp_path / "eagle", eagle_convert_script=tmp_path / "convert_checkpoint.py")
+
+    def fake_run(cmd, *a, **k):
+        out = Path(cmd[cmd.index("--output_dir") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text("{}")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(build.subprocess, "run", fake_run)
+    assert build.run(spec, dry_run=False, force=False) == 0
+    repo = spec.repository_dir
+    eagle = text_format.Parse((repo / "eagle" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert eagle.name == "eagle" and eagle.backend == "tensorrtllm" and (repo / "eagle" / "1").is_dir()
+    assert eagle.parameters["gpt_model_path"].string_value == str(spec.engine_dir("eagle"))
+    assert eagle.parameters["decoding_mode"].string_value == "eagle"
+    assert not {"draft_input_ids", "draft_logits"} & {t.name for t in eagle.input}
+    bandit = text_format.Parse((repo / "banditspec" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert "eagle" in bandit.parameters["drafters"].string_value.split(",")
+    assert bandit.parameters["eagle_model"].string_value == "eagle"

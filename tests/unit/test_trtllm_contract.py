@@ -193,16 +193,24 @@ def _build_module():
 def filled(tmp_path_factory) -> Path:
     from banditspec_client.fill_template import fill_repository
 
+    from banditspec_client.fill_template import fill_template
+
     build = _build_module()
-    spec = build.BuildSpec(target_hf=Path("/m/t"), draft_hf=Path("/m/d"), out_dir=Path("/m/o"))
-    return fill_repository(REPO / "model_repository_trtllm", tmp_path_factory.mktemp("c") / "r", build.repository_values(spec))
+    spec = build.BuildSpec(target_hf=Path("/m/t"), draft_hf=Path("/m/d"), out_dir=Path("/m/o"),
+                           eagle_hf=Path("/m/e"), eagle_convert_script=Path("/m/c.py"))
+    values = build.repository_values(spec)
+    eagle = values.pop("eagle")
+    out = fill_repository(REPO / "model_repository_trtllm", tmp_path_factory.mktemp("c") / "r", values)
+    (out / "eagle").mkdir()
+    (out / "eagle" / "config.pbtxt").write_text(fill_template((build.EAGLE_TEMPLATE / "config.pbtxt").read_text(), eagle))
+    return out
 
 
 def _config(path: Path) -> model_config_pb2.ModelConfig:
     return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
 
 
-@pytest.mark.parametrize("model", ["target", "draft"])
+@pytest.mark.parametrize("model", ["target", "draft", "eagle"])
 def test_templates_declare_tensors_exactly_as_upstream(filled, model):
     config = _config(filled / model / "config.pbtxt")
     problems = []
@@ -223,6 +231,8 @@ def test_templates_declare_tensors_exactly_as_upstream(filled, model):
 def test_the_target_template_declares_everything_the_controller_sends(filled):
     declared = {t.name for t in _config(filled / "target" / "config.pbtxt").input}
     draft_declared = {t.name for t in _config(filled / "draft" / "config.pbtxt").input}
+    eagle_declared = {t.name for t in _config(filled / "eagle" / "config.pbtxt").input}
+    assert draft_declared <= eagle_declared, "the eagle arm sends what the draft arm sends"
     outputs = {t.name for t in _config(filled / "target" / "config.pbtxt").output}
     for model, tensors, wanted in controller_traffic().calls:
         names = declared if model == "target" else draft_declared
