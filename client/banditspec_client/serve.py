@@ -20,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -126,6 +127,8 @@ class TritonServer:
         log_path: Path | None = None,
         extra_args: tuple[str, ...] = (),
         source: Path = SOURCE_REPOSITORY,
+        host: str = "127.0.0.1",
+        admin_key: str | None = None,
     ):
         self.model = model
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
@@ -140,6 +143,10 @@ class TritonServer:
         self.source = source
         self.process: subprocess.Popen | None = None
         self.repository: Path | None = None
+        # where HTTP, gRPC and metrics listen; with admin_key, the APIs in RESTRICTED_APIS
+        # answer only requests that carry the header ``admin-key: <key>``
+        self.host, self.admin_key = host, admin_key
+        self.watch = None  # supervisor.StubWatch: the stubs and their /dev/shm regions
 
     @property
     def http_url(self) -> str:
@@ -163,6 +170,10 @@ class TritonServer:
             "--model-control-mode=none",
             "--exit-on-error=true",
             "--log-verbose=0",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
+            *restricted_api_args(self.admin_key),
             *self.extra_args,
         ]
 
@@ -173,6 +184,9 @@ class TritonServer:
         self.process = subprocess.Popen(
             self.command(), env=server_environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+        from banditspec_client.supervisor import StubWatch
+
+        self.watch = StubWatch(self.process.pid)
         return self
 
     def is_ready(self) -> bool:
@@ -188,6 +202,8 @@ class TritonServer:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with code {self.process.returncode} (log: {self.log_path})")
             if self.is_ready():
+                if self.watch is not None:
+                    self.watch.poll()  # remember the stubs' regions while they live
                 return
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s (log: {self.log_path})")
@@ -196,7 +212,10 @@ class TritonServer:
         proc, self.process = self.process, None
         if proc is None:
             return None
-        regions = _stub_shm_regions(proc.pid)
+        regions = set(_stub_shm_regions(proc.pid))
+        if self.watch is not None:
+            self.watch.poll()
+            regions |= self.watch.regions  # a stub that died earlier is no longer in /proc
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -225,6 +244,30 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+RESTRICTED_APIS = "model-repository,shared-memory,statistics,trace,logging"  # as the GPU image
+ADMIN_KEY_ENV = "BANDITSPEC_ADMIN_KEY"
+
+
+def restricted_api_args(admin_key: str | None) -> list[str]:
+    """tritonserver flags that put RESTRICTED_APIS behind the header ``admin-key: <key>``."""
+    if not admin_key:
+        return []
+    if not re.fullmatch(r"[A-Za-z0-9._~-]{8,256}", admin_key):
+        raise ValueError(f"{ADMIN_KEY_ENV}: 8-256 characters of A-Z a-z 0-9 . _ ~ -")
+    spec = f"{RESTRICTED_APIS}:admin-key={admin_key}"
+    return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]  # 2.51: gRPC says "protocol"
+
+
+def admin_key_from_environment() -> tuple[str, bool]:
+    """(key, whether it came from the environment); a random key locks the APIs for good."""
+    key = os.environ.get(ADMIN_KEY_ENV, "")
+    if key:
+        return key, True
+    import secrets
+
+    return secrets.token_urlsafe(32), False
 
 
 def _stub_shm_regions(pgid: int) -> list[str]:
@@ -277,6 +320,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.PARAM=VALUE",
                         help="override a config.pbtxt parameter, e.g. banditspec.default_policy=exp3spec")
     parser.add_argument("--log-file", type=Path, default=None, help="server log (default: the terminal)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address of the HTTP, gRPC and metrics ports (0.0.0.0: every interface; containers)")
+    parser.add_argument("--on-stub-death", choices=["restart", "exit"], default="restart",
+                        help="when a model process dies: restart tritonserver (default) or exit non-zero (exit code 3)")
+    parser.add_argument("--drain-seconds", type=float, default=30.0,
+                        help="after the eagle process dies: restart once no request is active, or after this long")
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
@@ -298,11 +347,15 @@ def run(args) -> int:
         metrics_port=args.metrics_port,
         overrides=parse_overrides(args.set),
         log_path=args.log_file,
+        host=getattr(args, "host", "127.0.0.1"),
+        admin_key=admin_key_from_environment()[0],
     )
     stop = {"requested": False}
+    stop_event = threading.Event()
 
     def on_signal(signum, frame):
         stop["requested"] = True
+        stop_event.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -321,8 +374,15 @@ def run(args) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        while not stop["requested"] and server.process.poll() is None:
-            time.sleep(0.5)
+        if stop["requested"]:
+            return 0
+        from banditspec_client.supervisor import Supervisor
+
+        print(f"restricted APIs ({RESTRICTED_APIS}) need the header 'admin-key' "
+              f"({'from ' + ADMIN_KEY_ENV if os.environ.get(ADMIN_KEY_ENV) else 'random key: locked'})",
+              file=sys.stderr, flush=True)
+        return Supervisor(server, on_stub_death=getattr(args, "on_stub_death", "restart"),
+                          drain_s=getattr(args, "drain_seconds", 30.0)).run(stop_event)
     finally:
         print("stopping tritonserver ...", file=sys.stderr, flush=True)
         server.stop()

@@ -1,0 +1,374 @@
+"""``banditspec serve`` as a black box: a model process dies (SIGKILL to a Python-backend
+stub) under load; exposure (restricted APIs, listen address); status codes as a client sees
+them. Against ``banditspec serve`` itself: the real command, its supervisor and a real tritonserver
+(tiny random-weight model). docs/reliability.md ("Crash recovery", "Exposure") says what
+must happen; each test checks it from the outside: in-flight requests end within a bound,
+health tells the truth, service resumes without a person, no /dev/shm leftovers, outputs
+exact afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from banditspec.paths import cache_dir
+from banditspec_client.serve import free_port
+from banditspec_client.supervisor import list_stubs
+from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
+
+pytestmark = pytest.mark.integration
+
+ADMIN_KEY = "test-admin-key-0123456789"
+PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.", "List three prime numbers."]
+EAGLE_MAX_TOKENS = 200
+IN_FLIGHT_BOUND_S = 20  # every in-flight request has its answer (or error) this soon after the kill
+RECOVERY_BOUND_S = 180  # ready again, on a fresh server, this soon after the kill
+
+
+def _serve_flags() -> str:
+    import argparse
+
+    from banditspec_client.serve import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.format_help()
+
+
+_NO_OPENAI = ["--no-openai"] if "--no-openai" in _serve_flags() else []  # the OpenAI front is not under test here
+
+
+class Served:
+    """``banditspec serve`` as a child process."""
+
+    def __init__(self, *extra: str):
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.log = cache_dir() / "crash-recovery-serve.log"
+        self.log.write_bytes(b"")
+        env = dict(os.environ, BANDITSPEC_ADMIN_KEY=ADMIN_KEY)
+        command = [
+            str(Path(sys.executable).parent / "banditspec"), "serve", "--model", "tiny",
+            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+            "--metrics-port", str(self.metrics_port), *_NO_OPENAI, "--drain-seconds", "20", "--log-file", str(self.log.with_suffix(".triton.log")),
+            "--set", "banditspec.drafters=pld,suffix", "--set", "banditspec.max_concurrent_sequences=8", *extra,
+        ]
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=open(self.log, "ab"), start_new_session=True)
+        self.regions_seen: set[str] = set()
+
+    http_url = property(lambda self: f"localhost:{self.http_port}")
+    grpc_url = property(lambda self: f"localhost:{self.grpc_port}")
+
+    def tritonserver_pid(self) -> int | None:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == self.process.pid and argv0.endswith(b"tritonserver"):
+                return int(entry.name)
+        return None
+
+    def stubs(self) -> dict[str, object]:
+        pid = self.tritonserver_pid()
+        stubs = {s.model: s for s in list_stubs(pid)} if pid else {}
+        self.regions_seen.update(s.region for s in stubs.values())
+        return stubs
+
+    def ready(self) -> int | None:
+        """HTTP status of /v2/health/ready, None when nothing answers."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None
+
+    def wait_ready(self, timeout: float) -> float:
+        started = time.monotonic()
+        while self.ready() != 200 or len(self.stubs()) < 3:
+            assert self.process.poll() is None, f"banditspec serve exited with {self.process.returncode}"
+            assert time.monotonic() - started < timeout, f"not ready after {timeout} s (log {self.log})"
+            time.sleep(0.2)
+        return time.monotonic() - started
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="module")
+def served():
+    srv = Served()
+    try:
+        srv.wait_ready(300)
+        yield srv
+    finally:
+        srv.stop()
+        for region in srv.regions_seen:  # never leave this module's regions behind, whatever the verdict
+            (Path("/dev/shm") / region).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from banditspec_client.soak import VanillaReference
+
+    return VanillaReference("tiny")
+
+
+def _load(served, n_grpc: int = 3, n_http: int = 1, max_tokens: int = 1000):
+    """Long requests in flight (gRPC streams and an HTTP generate); returns (threads, outcomes, started)."""
+    outcomes: dict[int, tuple] = {}
+    started = [threading.Event() for _ in range(n_grpc)]
+
+    def grpc_one(i):
+        opts = GenerationOptions(max_tokens=max_tokens, stream=True, policy=["vanilla", "ucbspec", "fixed:pld"][i % 3])
+        try:
+            result = generate_grpc(served.grpc_url, PROMPTS[i % 2], opts, on_text=lambda _: started[i].set(), timeout=120)
+            outcomes[i] = ("finished", time.monotonic(), result.text)
+        except Exception as exc:  # TritonError, or the client's own error on a closed connection
+            outcomes[i] = ("error", time.monotonic(), f"{type(exc).__name__}: {exc}")
+
+    def http_one(i):
+        try:
+            result = generate_http(served.http_url, PROMPTS[i % 2], GenerationOptions(max_tokens=max_tokens), timeout=120)
+            outcomes[i] = ("finished", time.monotonic(), result.text)
+        except Exception as exc:
+            outcomes[i] = ("error", time.monotonic(), f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=grpc_one, args=(i,)) for i in range(n_grpc)]
+    threads += [threading.Thread(target=http_one, args=(n_grpc + i,)) for i in range(n_http)]
+    for t in threads:
+        t.start()
+    assert all(e.wait(60) for e in started), "streams never started"
+    return threads, outcomes
+
+
+def _kill_and_watch(served, model: str):
+    """SIGKILL the stub of ``model``; returns (old stubs, kill time, seconds until the old server
+    stopped answering ready, seconds until ready again on a new server)."""
+    old_server = served.tritonserver_pid()
+    old = served.stubs()
+    os.kill(old[model].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    went_down = None
+    while True:
+        status = served.ready()
+        now = time.monotonic() - killed
+        if went_down is None and status != 200:
+            went_down = now
+        pid = served.tritonserver_pid()
+        if went_down is not None and status == 200 and pid not in (None, old_server) and len(served.stubs()) == 3:
+            return old, killed, went_down, now
+        assert served.process.poll() is None, f"banditspec serve exited ({served.process.returncode})"
+        assert now < RECOVERY_BOUND_S, f"no recovery {RECOVERY_BOUND_S} s after killing {model} (log {served.log})"
+        time.sleep(0.1)
+
+
+def _no_leftovers(old):
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        alive = [s.pid for s in old.values() if Path(f"/proc/{s.pid}").exists()]
+        regions = [s.region for s in old.values() if (Path("/dev/shm") / s.region).exists()]
+        if not alive and not regions:
+            return
+        time.sleep(0.1)
+    assert (alive, regions) == ([], [])
+
+
+def _exact_after(served, reference):
+    prompt = PROMPTS[0]
+    assert generate_grpc(served.grpc_url, prompt, GenerationOptions(max_tokens=24, policy="ucbspec")).text == reference.text(prompt, 24)
+    assert generate_http(served.http_url, prompt, GenerationOptions(max_tokens=24)).text == reference.text(prompt, 24)
+
+
+@pytest.mark.parametrize("model", ["target", "banditspec"])
+def test_a_dead_required_stub_fails_in_flight_requests_then_the_server_restarts(served, reference, model):
+    threads, outcomes = _load(served)
+    old, killed, went_down, recovered = _kill_and_watch(served, model)
+    for t in threads:
+        t.join(IN_FLIGHT_BOUND_S)
+    assert len(outcomes) == len(threads), f"a client still waits {IN_FLIGHT_BOUND_S} s after {model} died"
+    for i, (kind, at, detail) in outcomes.items():
+        assert kind == "error", f"request {i} finished after {model} died: impossible for 1000 tokens"
+        assert at - killed < IN_FLIGHT_BOUND_S, f"request {i} ended {at - killed:.1f} s after the kill"
+        assert "Traceback" not in detail and ".py" not in detail, detail
+    assert went_down < 5, f"the broken server still answered ready {went_down:.1f} s after {model} died"
+    _no_leftovers(old)
+    _exact_after(served, reference)
+    print(f"{model}: down after {went_down:.1f} s, ready after {recovered:.1f} s; in-flight: "
+          + "; ".join(f"{at - killed:.1f} s {detail[:80]}" for _, at, detail in outcomes.values()))
+
+
+def test_a_dead_eagle_stub_lets_requests_finish_exactly_then_the_server_restarts(served, reference):
+    threads, outcomes = _load(served, n_grpc=3, n_http=1, max_tokens=EAGLE_MAX_TOKENS)  # well within the 20 s drain
+    old, killed, went_down, recovered = _kill_and_watch(served, "eagle")
+    for t in threads:
+        t.join(IN_FLIGHT_BOUND_S)
+    assert len(outcomes) == len(threads)
+    for i, (kind, at, detail) in outcomes.items():
+        assert kind == "finished", f"request {i} failed after the eagle stub died: {detail}"
+        assert detail == reference.text(PROMPTS[i % 2], EAGLE_MAX_TOKENS), f"request {i} differs"
+        assert at <= killed + went_down + 0.5, "the server restarted before the in-flight requests finished"
+    print(f"eagle: in-flight finished {max(at for _, at, _ in outcomes.values()) - killed:.1f} s after the kill; "
+          f"down after {went_down:.1f} s (drained), ready after {recovered:.1f} s")
+    _no_leftovers(old)
+    _exact_after(served, reference)
+
+
+# --- exposure -----------------------------------------------------------------------------
+
+
+def _http(served, method, path, body=None, key=None):
+    headers = {"Content-Type": "application/json", **({"admin-key": key} if key else {})}
+    request = urllib.request.Request(f"http://{served.http_url}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_restricted_apis_refuse_callers_without_the_admin_key(served):
+    from multiprocessing import shared_memory
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    region = shared_memory.SharedMemory(create=True, size=64)
+    try:
+        register = {"key": f"/{region.name}", "offset": 0, "byte_size": 64}
+        status, body = _http(served, "POST", "/v2/systemsharedmemory/region/probe/register", register)
+        assert status == 403 and b"admin-key" in body, (status, body)
+        status, body = _http(served, "POST", "/v2/repository/index", {})
+        assert status == 403, (status, body)
+        for path in ("/v2/models/banditspec/stats", "/v2/logging", "/v2/trace/setting"):
+            assert _http(served, "GET", path)[0] == 403, path
+        client = grpcclient.InferenceServerClient(served.grpc_url)
+        for call in (lambda **kw: client.register_system_shared_memory("probe", f"/{region.name}", 64, **kw),
+                     lambda **kw: client.get_model_repository_index(**kw)):
+            with pytest.raises(InferenceServerException) as refused:
+                call()
+            assert refused.value.status() == "StatusCode.UNAVAILABLE" and "admin-key" in refused.value.message()
+        # with the key (BANDITSPEC_ADMIN_KEY) the same calls are served; over gRPC Triton 2.51 expects the
+        # metadata key "triton-grpc-protocol-admin-key"
+        assert _http(served, "POST", "/v2/systemsharedmemory/region/probe/register", register, key=ADMIN_KEY)[0] == 200
+        assert _http(served, "POST", "/v2/systemsharedmemory/region/probe/unregister", {}, key=ADMIN_KEY)[0] == 200
+        assert _http(served, "POST", "/v2/repository/index", {}, key=ADMIN_KEY)[0] == 200
+        assert any(m.name == "banditspec" for m in client.get_model_repository_index(headers={"triton-grpc-protocol-admin-key": ADMIN_KEY}).models)
+        # inference, health and metadata stay open
+        assert _http(served, "GET", "/v2/models/banditspec")[0] == 200
+    finally:
+        region.close()
+        region.unlink()
+
+
+# --- status codes as a client sees them -------------------------------------------------------
+
+
+def _infer(served, model, inputs):
+    body = {"inputs": [{"name": n, "shape": list(np.shape(v)), "datatype": d, "data": np.ravel(v).tolist()}
+                       for n, d, v in inputs]}
+    status, raw = _http(served, "POST", f"/v2/models/{model}/infer", body)
+    return status, json.loads(raw).get("error", "")
+
+
+def _grpc_infer(served, model, inputs):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    tensors = []
+    for name, dtype, value in inputs:
+        t = grpcclient.InferInput(name, list(np.shape(value)), dtype)
+        t.set_data_from_numpy(np.asarray(value))
+        tensors.append(t)
+    with pytest.raises(InferenceServerException) as failure:
+        grpcclient.InferenceServerClient(served.grpc_url).infer(model, tensors)
+    return failure.value.status(), failure.value.message()
+
+
+def test_status_codes_as_a_client_sees_them(served):
+    """Non-decoupled models (target, eagle) keep their codes on HTTP /infer and gRPC; the
+    decoupled banditspec model's codes do not reach a client in Triton 2.51: /generate answers
+    400 for every error response and gRPC streaming carries the message only (measured;
+    docs/reliability.md, "Status codes"). The message's first word says which side failed."""
+    bad_target = [("input_ids", "INT32", np.array([[1, 2, 3]], dtype=np.int32)),
+                  ("input_lengths", "INT32", np.array([[9]], dtype=np.int32)),
+                  ("request_output_len", "INT32", np.array([[1]], dtype=np.int32))]
+    status, message = _infer(served, "target", bad_target)
+    assert status == 400 and message.startswith("input_lengths"), (status, message)
+    status, message = _grpc_infer(served, "target", bad_target)
+    assert status == "StatusCode.INVALID_ARGUMENT" and "input_lengths" in message, (status, message)
+    # the tiny model has no Eagle head: the eagle model answers UNAVAILABLE, a server-side condition
+    eagle = [("sequence_id", "UINT64", np.array([7], dtype=np.uint64))]
+    status, message = _infer(served, "eagle", eagle)
+    assert status == 503 and message.startswith("eagle: not served here"), (status, message)
+    status, message = _grpc_infer(served, "eagle", eagle)
+    assert status == "StatusCode.UNAVAILABLE" and "not served here" in message, (status, message)
+    # banditspec: INVALID_ARG (bad field) and UNAVAILABLE (target engine failed) both come back as 400
+    status, raw = _http(served, "POST", "/v2/models/banditspec/generate", {"text_input": "Hi.", "max_tokens": 0})
+    assert status == 400 and json.loads(raw)["error"].startswith("max_tokens:"), (status, raw)
+    status, raw = _http(served, "POST", "/v2/models/banditspec/generate",
+                        {"text_input": "Hi.", "max_tokens": 8, "policy": "no_such_policy"})
+    assert status == 400 and json.loads(raw)["error"].startswith("policy"), (status, raw)
+    status, raw = _http(served, "POST", "/v2/models/banditspec/infer",
+                        {"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": ["Hi."]},
+                                    {"name": "max_tokens", "shape": [1, 1], "datatype": "INT32", "data": [8]}]})
+    assert status == 501, (status, raw)  # plain HTTP infer on a decoupled model
+    with pytest.raises(TritonError) as failure:  # gRPC stream: the message, no code
+        generate_grpc(served.grpc_url, "Hi.", GenerationOptions(max_tokens=0))
+    assert str(failure.value).startswith("max_tokens:")
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses in LISTEN state for ``port`` (IPv4 as dotted quad, IPv6 as hex)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, port_hex = local.split(":")
+            if state == "0A" and int(port_hex, 16) == port:
+                if len(address) == 32 and address.startswith("0000000000000000FFFF0000"):  # IPv4-mapped IPv6
+                    address = address[24:]
+                if len(address) == 8:
+                    found.add(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+                else:
+                    found.add(address)
+    return found
+
+
+def test_serve_listens_on_loopback_only_by_default(served):
+    for port in (served.http_port, served.grpc_port, served.metrics_port):
+        assert _listening_addresses(port) == {"127.0.0.1"}, port
+
+
+def test_stopping_serve_is_clean_and_leaves_nothing(served):
+    stubs = served.stubs()
+    server_pid = served.tritonserver_pid()
+    started = time.monotonic()
+    code = served.stop()
+    assert code == 0 and time.monotonic() - started < 30
+    assert not Path(f"/proc/{server_pid}").exists()
+    _no_leftovers(stubs)
