@@ -107,6 +107,7 @@ MODULE_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "banditspec_client.serve", "start a real tritonserver with this model repository"),
     ("demo", "banditspec_client.demo", "start Triton, send a few prompts, compare with plain decoding"),
     ("simulate", "banditspec.simulate", "bandit regret on synthetic arms (the paper's TGD)"),
+    ("openai", "banditspec_client.openai_api.server", "OpenAI-compatible HTTP API in front of a running Triton"),
     ("bench", "banditspec_client.bench", "benchmark methods side by side (paper Table 1)"),
     ("bench-overhead", "banditspec_client.bench_overhead", "tokens/s through Triton vs in process, side by side"),
     ("bench-concurrency", "banditspec_client.bench_concurrency", "throughput vs concurrent streams: fixed gamma vs the controller"),

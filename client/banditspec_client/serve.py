@@ -326,6 +326,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="when a model process dies: restart tritonserver (default) or exit non-zero (exit code 3)")
     parser.add_argument("--drain-seconds", type=float, default=30.0,
                         help="after the eagle process dies: restart once no request is active, or after this long")
+    parser.add_argument("--openai-port", type=int, default=9000, help="OpenAI-compatible HTTP API port (default 9000)")
+    parser.add_argument("--openai-host", default="127.0.0.1", help="OpenAI API address (0.0.0.0: every interface)")
+    parser.add_argument("--no-openai", dest="openai", action="store_false", help="do not serve the OpenAI API")
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
@@ -361,12 +364,19 @@ def run(args) -> int:
     signal.signal(signal.SIGINT, on_signal)
     print(f"starting tritonserver (model {args.model}) ...", file=sys.stderr, flush=True)
     server.start()
+    openai_api = None
     try:
         while not stop["requested"] and not server.is_ready():
             if server.process.poll() is not None:
                 print("tritonserver exited during start-up", file=sys.stderr)
                 return 1
             time.sleep(0.5)
+        if not stop["requested"] and getattr(args, "openai", False):
+            from banditspec_client.openai_api.server import OpenAIServer
+
+            openai_api = OpenAIServer(server.grpc_url, host=args.openai_host, port=args.openai_port, model=args.model)
+            openai_api.start()
+            print(f"OpenAI API: {openai_api.url}/v1 (model 'banditspec')", file=sys.stderr, flush=True)
         if not stop["requested"]:
             print(
                 f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics localhost:{server.metrics_port}/metrics\n"
@@ -384,6 +394,8 @@ def run(args) -> int:
         return Supervisor(server, on_stub_death=getattr(args, "on_stub_death", "restart"),
                           drain_s=getattr(args, "drain_seconds", 30.0)).run(stop_event)
     finally:
+        if openai_api is not None:
+            openai_api.stop()
         print("stopping tritonserver ...", file=sys.stderr, flush=True)
         server.stop()
     return 0

@@ -229,7 +229,9 @@ class Controller:
                 "num_draft_tokens", f"must be in 0..{self.decoder.limits.max_draft_len}, got {compat.max_draft_len}"
             )
         request = GenerationRequest(
-            prompt_ids=prompt_ids(self.tokenizer, values["text_input"], chat=self.defaults.chat_template),
+            prompt_ids=prompt_ids(
+                self.tokenizer, values["text_input"], chat=values.get("apply_chat_template", self.defaults.chat_template)
+            ),
             max_tokens=values["max_tokens"],
             policy=compat.policy if compat.policy and "policy" not in explicit else values["policy"],
             arms=values.get("arms"),

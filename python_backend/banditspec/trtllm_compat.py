@@ -99,6 +99,7 @@ OWN_INPUTS: dict[str, tuple[str, list[int]]] = {
     "max_draft_len": ("TYPE_INT32", [1]),
     "reward": ("TYPE_STRING", [1]),
     "trtllm_temperature": ("TYPE_FP32", [1]),
+    "apply_chat_template": ("TYPE_BOOL", [1]),
 }
 OWN_OUTPUTS: dict[str, tuple[str, list[int]]] = {"speculation_stats": ("TYPE_STRING", [1])}
 
@@ -122,12 +123,14 @@ def input_kinds() -> dict[str, str]:
         else:
             kinds[name] = _KIND_OF_TYPE[dtype]
     kinds["trtllm_temperature"] = "float"
+    kinds["apply_chat_template"] = "bool"
     return kinds
 
 
 # The documented rule per input: (honoured | refused when ..., what is supported).
 RULES: dict[str, str] = {
     "text_input, max_tokens, stream, stop_words": "honoured (as before)",
+    "apply_chat_template": "banditspec's own: false sends text_input to the model as it is (no chat template; default: the model's chat_template parameter)",
     "temperature": "honoured: > 0 samples from the full distribution (speculative sampling, lossless in distribution)",
     "trtllm_temperature": "temperature with TensorRT-LLM's meaning: sampling only with top_k > 1 or top_p > 0, greedy otherwise",
     "top_k": "0 (off), 1 (greedy) or >= the vocabulary size (off) are honoured; other values are refused",
@@ -146,7 +149,7 @@ RULES: dict[str, str] = {
     "embedding_bias_words, embedding_bias_weights": "refused when sent non-empty",
     "return_log_probs, return_context_logits, return_generation_logits, return_kv_cache_reuse_stats":
         "false is honoured; true is refused (the verify contract returns no log-probs, logits or KV-block counts)",
-    "return_perf_metrics": "honoured: arrival_time_ns, first_scheduled_time_ns, first_token_time_ns, last_token_time_ns, acceptance_rate, total_accepted_draft_tokens, total_draft_tokens",
+    "return_perf_metrics": "honoured: arrival_time_ns, first_scheduled_time_ns, first_token_time_ns, last_token_time_ns, acceptance_rate, total_accepted_draft_tokens, total_draft_tokens on the final response; kv_cache_* blocks are -1 (not available: no paged KV cache behind the verify contract)",
     "return_num_input_tokens, return_num_output_tokens": "honoured: num_input_tokens, num_output_tokens",
     "num_draft_tokens": "honoured: > 0 sets max_draft_len (L); 0 means plain decoding (policy vanilla)",
     "use_draft_logits": "accepted: drafters that have a distribution always send it; output is lossless either way",

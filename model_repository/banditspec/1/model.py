@@ -44,7 +44,8 @@ def bls_infer(model_name, tensors, output_names):
 
 
 PERF_OUTPUTS = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-                "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+                "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+                "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks")
 
 
 def extra_outputs(stats):
@@ -62,6 +63,11 @@ def extra_outputs(stats):
         "total_draft_tokens": (drafted, np.int32),
         "num_input_tokens": (stats.get("prompt_tokens") or 0, np.int32),
         "num_output_tokens": (stats.get("generated_tokens", 0), np.int32),
+        # upstream's clients read these with the perf metrics; the verify contract has no paged
+        # KV-cache blocks to count, so they are -1 ("not available"), never a made-up count
+        "kv_cache_alloc_new_blocks": (-1, np.int32),
+        "kv_cache_reused_blocks": (-1, np.int32),
+        "kv_cache_alloc_total_blocks": (-1, np.int32),
     }
     return {name: np.array([[value]], dtype=dtype) for name, (value, dtype) in values.items()}
 
@@ -97,7 +103,8 @@ class TritonSink:
         self.closed = False
 
     def send(self, text, stats, final):
-        outputs = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))]
+        # shape [1] as upstream's postprocessing / tensorrt_llm_bls send it (their clients read output[0].decode())
+        outputs = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
         outputs.extend(pb_utils.Tensor(name, np.zeros((1, 1), dtype=np.int32)) for name in self._indices)
         if stats is not None:
             outputs.append(pb_utils.Tensor("speculation_stats", np.array([[stats_json(stats)]], dtype=np.object_)))

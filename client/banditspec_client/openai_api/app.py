@@ -1,0 +1,361 @@
+"""OpenAI-compatible HTTP API over the ``banditspec`` Triton model (FastAPI + tritonclient gRPC).
+
+Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with
+``stream`` as server-sent events), ``GET /health``. Every field OpenAI defines that would change
+the output is either honoured or refused with HTTP 400 in OpenAI's error shape naming it
+(``n`` > 1, ``logprobs``, ``tools``, ``top_p`` < 1, penalties ...); a field OpenAI does not define
+is refused too, except BanditSpec's extensions ``policy``, ``arms``, ``max_draft_len``.
+Each answer carries ``speculation_stats`` (steps, arm per step, accepted tokens ...) as an
+extension field: on the response, or on the final chunk of a stream.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, Literal, Union
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from banditspec_client.openai_api.triton import Chunk, ModelFacts, TritonBackend, TritonError
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+# banditspec input -> the OpenAI field a client sent it as (for the error's "param")
+PARAM_OF_INPUT = {"text_input": "prompt", "stop_words": "stop", "random_seed": "seed", "max_tokens": "max_tokens"}
+HTTP_OF_STATUS = {"INVALID_ARGUMENT": 400, "UNAVAILABLE": 503, "RESOURCE_EXHAUSTED": 503, "NOT_FOUND": 404}
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields both endpoints take. Unknown fields are refused (never silently dropped)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # no effect on the output
+    # BanditSpec extensions
+    policy: str | None = None
+    arms: Union[str, list[str], None] = None
+    max_draft_len: int | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart]]
+    name: str | None = None
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+
+
+def _refuse(param: str, message: str) -> None:
+    raise OpenAIError(400, f"{param}: {message}", param=param)
+
+
+def common_inputs(req: _Common, facts: ModelFacts, prompt_tokens: int | None, default_max_tokens: int | None) -> dict:
+    """The banditspec inputs for the fields both endpoints share; refusals name the field."""
+    if req.n not in (None, 1):
+        _refuse("n", f"only 1 is supported, got {req.n}")
+    if req.logit_bias:
+        _refuse("logit_bias", "is not supported")
+    max_tokens = req.max_tokens
+    if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+        if max_tokens is not None and max_tokens != req.max_completion_tokens:
+            _refuse("max_completion_tokens", "differs from max_tokens; send one of them")
+        max_tokens = req.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+        if max_tokens is None:  # as much as fits: the server's limit, within the context
+            room = facts.max_context - (prompt_tokens or 0)
+            max_tokens = max(1, min(facts.max_tokens_limit, room))
+    inputs: dict = {
+        "max_tokens": max_tokens,
+        "stream": req.stream,
+        "temperature": 1.0 if req.temperature is None else float(req.temperature),  # OpenAI's default is 1
+        "apply_chat_template": False,
+    }
+    if req.top_p is not None:
+        inputs["top_p"] = float(req.top_p)
+    if req.seed is not None:
+        inputs["random_seed"] = int(req.seed)
+    if req.presence_penalty is not None:
+        inputs["presence_penalty"] = float(req.presence_penalty)
+    if req.frequency_penalty is not None:
+        inputs["frequency_penalty"] = float(req.frequency_penalty)
+    if req.stop:
+        inputs["stop_words"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    if req.policy is not None:
+        inputs["policy"] = req.policy
+    if req.arms is not None:
+        inputs["arms"] = [req.arms] if isinstance(req.arms, str) else list(req.arms)
+    if req.max_draft_len is not None:
+        inputs["max_draft_len"] = int(req.max_draft_len)
+    return inputs
+
+
+def _triton_error(exc: TritonError, prompt_param: str, input_names=frozenset()) -> OpenAIError:
+    """Triton's answer -> OpenAI's error. A gRPC stream carries the message without Triton's
+    error code, so the code is read from the controller's messages: invalid input always starts
+    with the input's name, an unavailable server with "server busy" / "target engine failed"."""
+    message = exc.message
+    if message.startswith("in ensemble"):
+        message = message.split(", ", 1)[-1]
+    field = message.split(":", 1)[0] if ":" in message else None
+    status = HTTP_OF_STATUS.get(exc.status or "", 0)
+    if not status:
+        if field in input_names:
+            status = 400
+        elif message.startswith(("server busy", "target engine failed")):
+            status = 503
+        else:
+            status = 500
+    param = None
+    if field and field.isidentifier():
+        param = prompt_param if field == "text_input" else PARAM_OF_INPUT.get(field, field)
+    if status >= 500:
+        return OpenAIError(status, message, kind="server_error" if status == 500 else "server_busy")
+    return OpenAIError(status, message, param=param)
+
+
+def _usage(stats: dict | None) -> dict:
+    prompt = int((stats or {}).get("prompt_tokens") or 0)
+    completion = int((stats or {}).get("generated_tokens") or 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(payload: dict | str) -> bytes:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", triton_model: str = "banditspec") -> FastAPI:
+    """The app; ``tokenizer`` renders chat messages with the model's chat template and counts
+    prompt tokens (the same tokenizer the controller uses)."""
+    backend = TritonBackend(triton_url, triton_model)
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await backend.close()
+
+    app = FastAPI(title="BanditSpec OpenAI-compatible API", lifespan=lifespan)
+
+    async def facts() -> ModelFacts:
+        if "facts" not in state:
+            state["facts"] = await backend.facts()
+        return state["facts"]
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError):
+        return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        message = f"{param}: {first.get('msg', 'invalid request')}" if param else first.get("msg", "invalid request")
+        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+
+    @app.get("/health")
+    async def health():
+        ok = await backend.ready()
+        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "banditspec"}]}
+
+    def check_model(name: str) -> None:
+        if name != model_id:
+            raise OpenAIError(404, f"The model '{name}' does not exist; this server serves '{model_id}'",
+                              param="model", code="model_not_found")
+
+    async def start(inputs: dict, prompt_param: str):
+        """First response of the request (errors become HTTP errors before any byte is sent)."""
+        stream = backend.generate(inputs)
+        try:
+            first = await stream.__anext__()
+        except TritonError as exc:
+            await stream.aclose()
+            raise _triton_error(exc, prompt_param, (await facts()).inputs) from None
+        except StopAsyncIteration:
+            raise OpenAIError(502, "the model sent no response") from None
+        except Exception as exc:  # Triton unreachable etc.
+            await stream.aclose()
+            raise OpenAIError(503, f"the inference server is unavailable ({type(exc).__name__})", kind="server_busy") from None
+        return first, stream
+
+    async def collect(first: Chunk, stream) -> tuple[str, dict | None]:
+        parts, chunk = [first.text], first
+        try:
+            while not chunk.final:
+                chunk = await stream.__anext__()
+                parts.append(chunk.text)
+        except TritonError as exc:
+            raise _triton_error(exc, "prompt") from None
+        finally:
+            await stream.aclose()
+        return "".join(parts), chunk.stats
+
+    def streamed(first: Chunk, stream, make_chunk, include_usage: bool):
+        async def body():
+            chunk = first
+            try:
+                yield _sse(make_chunk(None, None, None, role=True))
+                while True:
+                    if chunk.final:
+                        reason = FINISH_REASONS.get((chunk.stats or {}).get("finish_reason"), "stop")
+                        yield _sse(make_chunk(chunk.text, reason, chunk.stats))
+                        if include_usage:
+                            yield _sse({**make_chunk(None, None, None, usage_only=True), "usage": _usage(chunk.stats)})
+                        yield _sse("[DONE]")
+                        return
+                    if chunk.text:
+                        yield _sse(make_chunk(chunk.text, None, None))
+                    chunk = await stream.__anext__()
+            except TritonError as exc:
+                err = _triton_error(exc, "prompt")
+                yield _sse(error_body(err.message, err.kind, err.param))
+            finally:
+                await stream.aclose()  # an HTTP client that left cancels the Triton request
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        check_model(req.model)
+        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        if len(prompts) != 1:
+            _refuse("prompt", f"send one prompt per request, got {len(prompts)}")
+        if req.best_of not in (None, 1):
+            _refuse("best_of", f"only 1 is supported, got {req.best_of}")
+        if req.logprobs is not None:
+            _refuse("logprobs", "log-probabilities are not supported")
+        if req.suffix:
+            _refuse("suffix", "is not supported")
+        prompt = prompts[0]
+        inputs = {"text_input": prompt, **common_inputs(req, await facts(), None, 16)}  # OpenAI's default: 16
+        first, stream = await start(inputs, "prompt")
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        echo = prompt if req.echo else ""
+
+        def make_chunk(text, finish, stats, role=False, usage_only=False):
+            if role:  # completions have no role chunk: the echo (if any) goes first
+                text = echo
+            choices = [] if usage_only else [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+            out = {"id": rid, "object": "text_completion", "created": created, "model": req.model, "choices": choices}
+            if stats is not None:
+                out["speculation_stats"] = stats
+            return out
+
+        if req.stream:
+            return streamed(first, stream, make_chunk, bool(req.stream_options and req.stream_options.include_usage))
+        text, stats = await collect(first, stream)
+        out = make_chunk(echo + text, FINISH_REASONS.get((stats or {}).get("finish_reason"), "stop"), stats)
+        out["usage"] = _usage(stats)
+        return out
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest):
+        check_model(req.model)
+        if req.logprobs or req.top_logprobs:
+            _refuse("logprobs", "log-probabilities are not supported")
+        if req.tools or req.tool_choice not in (None, "none"):
+            _refuse("tools", "tool calling is not supported")
+        if req.response_format and req.response_format.get("type") != "text":
+            _refuse("response_format", "only {\"type\": \"text\"} is supported")
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role,
+             "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
+            for m in req.messages
+        ]
+        try:
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:
+            _refuse("messages", f"cannot be rendered with the model's chat template ({type(exc).__name__})")
+        prompt_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        inputs = {"text_input": prompt, **common_inputs(req, await facts(), prompt_tokens, None)}
+        first, stream = await start(inputs, "messages")
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def make_chunk(text, finish, stats, role=False, usage_only=False):
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choices = [] if usage_only else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+            out = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model, "choices": choices}
+            if stats is not None:
+                out["speculation_stats"] = stats
+            return out
+
+        if req.stream:
+            return streamed(first, stream, make_chunk, bool(req.stream_options and req.stream_options.include_usage))
+        text, stats = await collect(first, stream)
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": req.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": FINISH_REASONS.get((stats or {}).get("finish_reason"), "stop"),
+            }],
+            "usage": _usage(stats),
+            "speculation_stats": stats,
+        }
+
+    return app
