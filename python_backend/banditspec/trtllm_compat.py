@@ -152,7 +152,7 @@ RULES: dict[str, str] = {
     "return_perf_metrics": "honoured: arrival_time_ns, first_scheduled_time_ns, first_token_time_ns, last_token_time_ns, acceptance_rate, total_accepted_draft_tokens, total_draft_tokens on the final response; kv_cache_* blocks are -1 (not available: no paged KV cache behind the verify contract)",
     "return_num_input_tokens, return_num_output_tokens": "honoured: num_input_tokens, num_output_tokens",
     "num_draft_tokens": "honoured: > 0 sets max_draft_len (L); 0 means plain decoding (policy vanilla)",
-    "use_draft_logits": "accepted: drafters that have a distribution always send it; output is lossless either way",
+    "use_draft_logits": "accepted: no effect on the output (verification is lossless with or without draft logits)",
     "prompt_embedding_table, prompt_vocab_size, prompt_table_extra_id": "refused (prompt tuning is not supported)",
     "lora_task_id, lora_weights, lora_config": "refused (LoRA is not supported)",
     "guided_decoding_guide_type, guided_decoding_guide": "refused when non-empty (guided decoding is not supported)",
