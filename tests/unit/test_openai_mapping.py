@@ -1,0 +1,49 @@
+"""OpenAI request fields -> banditspec inputs, Triton errors -> OpenAI errors (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from banditspec_client.openai_api.app import ChatRequest, CompletionRequest, OpenAIError, _triton_error, common_inputs
+from banditspec_client.openai_api.triton import ModelFacts, TritonError
+
+FACTS = ModelFacts(max_tokens_limit=1024, max_context=2048, inputs=frozenset({"text_input", "max_tokens", "top_p", "policy"}))
+
+
+def test_fields_map_to_banditspec_inputs():
+    req = CompletionRequest(model="m", prompt="p", max_tokens=7, temperature=0, seed=5, stop="x", top_p=1.0,
+                            policy="vanilla", arms="pld,rest", max_draft_len=3)
+    inputs = common_inputs(req, FACTS, None, 16)
+    assert inputs == {"max_tokens": 7, "stream": False, "temperature": 0.0, "apply_chat_template": False, "top_p": 1.0,
+                      "random_seed": 5, "stop_words": ["x"], "policy": "vanilla", "arms": ["pld,rest"], "max_draft_len": 3}
+
+
+def test_defaults_follow_openai():
+    completion = common_inputs(CompletionRequest(model="m", prompt="p"), FACTS, None, 16)
+    assert completion["max_tokens"] == 16 and completion["temperature"] == 1.0
+    chat = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert common_inputs(chat, FACTS, 2000, None)["max_tokens"] == 48  # what fits in the context
+    assert common_inputs(chat, FACTS, 10, None)["max_tokens"] == 1024  # the server's limit
+
+
+@pytest.mark.parametrize("kw, param", [(dict(n=2), "n"), (dict(logit_bias={"1": 2.0}), "logit_bias")])
+def test_unsupported_fields_are_refused_by_name(kw, param):
+    with pytest.raises(OpenAIError) as err:
+        common_inputs(CompletionRequest(model="m", prompt="p", **kw), FACTS, None, 16)
+    assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize(
+    "message, status, param",
+    [
+        ("top_p: top-p (nucleus) sampling is not supported", 400, "top_p"),
+        ("text_input: prompt has 5000 tokens, the limit is 1536", 400, "messages"),
+        ("server busy: 8 sequences in flight (max_concurrent_sequences); retry later", 503, None),
+        ("target engine failed: target: boom", 503, None),
+        ("decoding failed (RuntimeError)", 500, None),
+    ],
+)
+def test_triton_messages_map_to_status_and_param(message, status, param):
+    err = _triton_error(TritonError("", message), "messages", FACTS.inputs)
+    assert err.status == status and err.param == param
+    assert err.kind == ("invalid_request_error" if status == 400 else "server_error" if status == 500 else "server_busy")
