@@ -1,0 +1,92 @@
+"""The fake pb_utils is as strict as the real one where it matters, and the `target` adapter
+returns to each request of a batch exactly what that request gets alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.glue import fake_pb_utils
+from tests.glue.test_banditspec_model import CountingMock, config_args, load_model_module, request, stack  # noqa: F401
+
+FINAL = fake_pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def test_a_sender_refuses_sends_after_the_final_flag():
+    sender = fake_pb_utils.ResponseSender()
+    sender.send(fake_pb_utils.InferenceResponse([]), flags=FINAL)
+    with pytest.raises(fake_pb_utils.TritonModelException, match="closed"):
+        sender.send(fake_pb_utils.InferenceResponse([]))
+    with pytest.raises(fake_pb_utils.TritonModelException):
+        sender.send(flags=FINAL)
+    assert len(sender.sent) == 1
+
+
+def test_responses_hold_tensors_with_triton_types_only():
+    with pytest.raises(fake_pb_utils.TritonModelException):
+        fake_pb_utils.Tensor("x", [1, 2, 3])  # a list, not a numpy array
+    with pytest.raises(fake_pb_utils.TritonModelException):
+        fake_pb_utils.Tensor("x", np.array([1 + 2j]))
+    with pytest.raises(fake_pb_utils.TritonModelException):
+        fake_pb_utils.InferenceResponse(output_tensors=[np.array([1])])
+
+
+def test_bls_returns_only_the_requested_outputs():
+    def handler(model, tensors, outputs):
+        return fake_pb_utils.InferenceResponse([fake_pb_utils.Tensor("a", np.array([1])), fake_pb_utils.Tensor("b", np.array([2]))])
+
+    pb = fake_pb_utils.make_module(handler)
+    response = pb.InferenceRequest(model_name="m", requested_output_names=["b"], inputs=[]).exec()
+    assert [t.name() for t in response.output_tensors] == ["b"]
+    assert pb.get_output_tensor_by_name(response, "a") is None
+
+
+def test_the_banditspec_adapter_never_sends_after_final(stack):  # noqa: F811
+    """Every request ends with exactly one FINAL, for good, bad and cancelled requests alike
+    (the strict sender would raise inside the adapter otherwise and the request would hang)."""
+    model, _, _ = stack
+    requests = [request(max_tokens=5), request(max_tokens=0), request(stream=np.array([[True]]), max_tokens=12)]
+    cancelled = request(stream=np.array([[True]]), max_tokens=200)
+    cancelled.sender.cancelled = True
+    model.execute(requests + [cancelled])
+    for req in requests + [cancelled]:
+        assert req.sender.done.wait(30)
+        assert [flags & FINAL for _, flags in req.sender.sent].count(FINAL) == 1
+        assert req.sender.sent[-1][1] & FINAL
+
+
+def _target_request(ids, draft=None):
+    tensors = {"input_ids": np.array([ids], dtype=np.int32), "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+               "request_output_len": np.array([[8]], dtype=np.int32)}
+    if draft is not None:
+        tensors["draft_input_ids"] = np.array([draft], dtype=np.int32)
+    return fake_pb_utils.Request(tensors)
+
+
+def _outputs(response):
+    assert not response.has_error(), response.error().message()
+    return {t.name(): t.as_numpy().tolist() for t in response.output_tensors}
+
+
+def test_the_target_adapter_returns_each_request_of_a_batch_its_solo_result(monkeypatch):
+    import banditspec.engine.reference as reference
+
+    def fresh_target():
+        engine = CountingMock()
+        monkeypatch.setattr(reference.ReferenceEngine, "from_name", classmethod(lambda cls, name, **kw: engine))
+        module = load_model_module("target", fake_pb_utils.make_module(lambda *a: None))
+        target = module.TritonPythonModel()
+        target.initialize(config_args("target"))
+        return target, engine
+
+    cases = [([5, 6, 7], [8, 9]), ([1, 2, 3, 4, 5, 6], None), ([9, 9], [1, 2, 3]), ([3, 1, 4, 1, 5], [9])]
+    solo = []
+    for ids, draft in cases:
+        target, _ = fresh_target()
+        (response,) = target.execute([_target_request(ids, draft)])
+        solo.append(_outputs(response))
+    assert len({str(s) for s in solo}) == len(cases), "the cases must differ for the check to mean anything"
+    target, engine = fresh_target()
+    batched = target.execute([_target_request(ids, draft) for ids, draft in cases])
+    assert engine.batches == [len(cases)]  # one engine call for the whole batch
+    assert [_outputs(r) for r in batched] == solo
