@@ -118,6 +118,13 @@ def test_greedy_output_equals_the_stand_ins_plain_decoding_for_every_policy(trt_
             extra_tokens_seen += stats["generated_tokens"] - sum(stats["accepted"]) - stats["steps"]
         assert (drafted > 0) == (policy != "vanilla"), f"{policy}: the arm was served and really drafted"
     assert extra_tokens_seen > 0, "no step got more than accepted + 1 tokens: the extra-token path went untested"
+    # every step resent the whole sequence; the stand-in reported the blocks it found again
+    from banditspec_client.soak import metric_total, scrape_metrics
+
+    series = scrape_metrics(trt_server.metrics_port)
+    calls = metric_total(series, "nv_banditspec_target_verify_calls", model="banditspec")
+    reused = metric_total(series, "nv_banditspec_target_kv_reused_blocks", model="banditspec")
+    assert calls >= len(POLICIES) * len(PROMPTS) and reused > 0, (calls, reused)
 
 
 def test_sampling_samples_differs_across_seeds_and_repeats_for_a_seed(trt_server, standin_plain):

@@ -70,4 +70,10 @@ def build_serving_metrics(
             outcomes=OUTCOMES,
         )
     summary = SummaryLogger(stats, interval_s=interval, emit=log_line) if interval > 0 else None
-    return ServingMetrics(stats=stats, exporter=exporter, summary=summary).attach(controller)
+    target_kv = None
+    engine = getattr(controller, "engine", None)
+    if exporter is not None and getattr(engine, "tensorrtllm", False):  # KV-reuse figures come back
+        from banditspec.metrics.target_kv import TargetKvMetrics
+
+        target_kv = TargetKvMetrics(factory, engine, model=model, version=version)
+    return ServingMetrics(stats=stats, exporter=exporter, summary=summary, target_kv=target_kv).attach(controller)

@@ -19,10 +19,13 @@ class ServingMetrics:
         stats: ServingStats | None = None,
         exporter: PrometheusMetrics | None = None,
         summary: SummaryLogger | None = None,
+        target_kv=None,
     ):
+        """target_kv: a banditspec.metrics.target_kv.TargetKvMetrics (TensorRT-LLM target), or None."""
         self.stats = stats or ServingStats()
         self.exporter = exporter
         self.summary = summary
+        self.target_kv = target_kv
 
     def attach(self, controller) -> "ServingMetrics":
         """Install this observer's methods as ``controller``'s hooks."""
@@ -37,6 +40,8 @@ class ServingMetrics:
         self.stats.record_step(event.arm, event.drafted, event.accepted, emitted)
         if self.exporter is not None:
             self.exporter.record_step(event.arm, event.drafted, event.accepted, emitted)
+        if self.target_kv is not None:
+            self.target_kv.update()
 
     def on_active(self, sequences: int) -> None:
         self.stats.set_active(sequences)
@@ -53,6 +58,9 @@ class ServingMetrics:
             self.summary.maybe_log()
 
     def close(self) -> None:
+        if self.target_kv is not None:
+            self.target_kv.close()
+            self.target_kv = None
         if self.exporter is not None:
             self.exporter.close()
             self.exporter = None
