@@ -90,3 +90,56 @@ def test_the_target_adapter_returns_each_request_of_a_batch_its_solo_result(monk
     batched = target.execute([_target_request(ids, draft) for ids, draft in cases])
     assert engine.batches == [len(cases)]  # one engine call for the whole batch
     assert [_outputs(r) for r in batched] == solo
+
+
+# --- adapter outcomes, code included ------------------------------------------------------------
+
+
+def _codes(sender):
+    return [(r.error().code(), r.error().message()) for r, _ in sender.sent if r is not None and r.has_error()]
+
+
+@pytest.mark.parametrize("failure, code, prefix", [
+    (lambda: __import__("banditspec.errors", fromlist=["x"]).BanditSpecValidationError("input_ids", "bad"), "INVALID_ARG", "input_ids"),
+    (lambda: RuntimeError("boom"), "INTERNAL", "target: verification failed (RuntimeError)"),
+])
+def test_the_target_adapter_maps_engine_failures_to_codes(stack, monkeypatch, failure, code, prefix):  # noqa: F811
+    _, target, engine = stack
+
+    def fail(requests):
+        raise failure()
+
+    monkeypatch.setattr(engine, "verify", fail)
+    (response,) = target.execute([_target_request([1, 2, 3])])
+    assert response.has_error()
+    assert response.error().code() == getattr(fake_pb_utils.TritonError, code)
+    assert response.error().message().startswith(prefix)
+
+
+def test_the_banditspec_adapter_sends_unavailable_when_the_target_fails(stack, monkeypatch):  # noqa: F811
+    model, _, engine = stack
+
+    def fail(requests):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine, "verify", fail)
+    req = request(max_tokens=5)
+    model.execute([req])
+    assert req.sender.done.wait(30)
+    ((code, message),) = _codes(req.sender)
+    assert code == fake_pb_utils.TritonError.UNAVAILABLE
+    assert message == "target engine failed: target: target: verification failed (RuntimeError)"
+
+
+def test_the_banditspec_adapter_sends_unavailable_when_busy(stack):  # noqa: F811
+    model, _, _ = stack
+    limit = model.controller.defaults.max_concurrent_sequences
+    held = [request(stream=np.array([[True]]), max_tokens=1000) for _ in range(limit + 3)]
+    for r in held:
+        r.sender.cancelled = False
+    model.execute(held)
+    busy = []
+    for r in held:
+        assert r.sender.done.wait(60)
+        busy += [c for c in _codes(r.sender) if c[1].startswith("server busy")]
+    assert busy and all(code == fake_pb_utils.TritonError.UNAVAILABLE for code, _ in busy)
