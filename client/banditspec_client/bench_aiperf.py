@@ -30,6 +30,23 @@ METRICS = {  # aiperf metric tag -> (column, unit)
 }
 
 
+TOOL_NOTES = """## Which tool, and why
+
+- **aiperf 0.13.0** (used here) installs from PyPI into its own venv on this Python 3.11 / glibc 2.36 machine
+  and talks HTTP to the OpenAI endpoint itself (no binary), so nothing beyond the OpenAI API is needed.
+  It is given the local SmolLM2 tokenizer folder (`--tokenizer`): the machine has no access to a model hub.
+  Its raw exports go to `.cache/banditspec/aiperf/<policy>-c<N>/`; the table above is read from
+  `profile_export_aiperf.json`; `results.json` keeps every figure and the exact aiperf command of each run.
+- **genai-perf 0.0.16** also installs here, but it drives the `perf_analyzer` binary, which it does not bring:
+  without one it stops with `FileNotFoundError: [Errno 2] No such file or directory: 'perf_analyzer'`.
+  The `perf-analyzer` wheels need glibc 2.38; the one that works is tritonclient 2.51's (already in `.venv`).
+  With it on `PATH` (and libcudart on `LD_LIBRARY_PATH`, see perf/README.md) a one-request genai-perf run against
+  the OpenAI API completed: `PATH=.venv/bin:$PATH LD_LIBRARY_PATH=.venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib
+  genai-perf profile -m banditspec --endpoint-type chat --url 127.0.0.1:9000 --streaming --tokenizer <folder> ...`.
+  aiperf is NVIDIA's successor to genai-perf and needs neither, so the scripted run uses aiperf.
+"""
+
+
 def write_prompts(path: Path, workload: str, n: int) -> None:
     from banditspec_client.workloads import load_workload
 
@@ -119,6 +136,7 @@ def report(results: list[dict], meta: dict) -> str:
             ratios.append(f"concurrency {c}: {a['output_token_throughput']['avg'] / b['output_token_throughput']['avg']:.2f}x")
     if ratios:
         lines += ["", "Output tokens/s, default controller / plain decoding: " + ", ".join(ratios) + "."]
+    lines += ["", TOOL_NOTES]
     return "\n".join(lines) + "\n"
 
 
@@ -135,10 +153,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-requests", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/aiperf"), help="table, results.json, prompts")
     parser.add_argument("--artifacts", type=Path, default=Path(".cache/banditspec/aiperf"), help="aiperf's raw exports")
+    parser.add_argument("--report-only", action="store_true", help="only re-render README.md from results.json")
     parser.add_argument("--machine", default="the project's 2-core CPU machine (shared), SmolLM2-135M reference engine")
 
 
 def run(args) -> int:
+    if args.report_only:  # re-render README.md from results.json
+        data = json.loads((args.out / "results.json").read_text())
+        (args.out / "README.md").write_text(report(data["results"], data["meta"]))
+        return 0
     if not args.tokenizer:
         from banditspec.engine.models import model_dir
 

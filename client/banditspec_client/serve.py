@@ -327,7 +327,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-seconds", type=float, default=30.0,
                         help="after the eagle process dies: restart once no request is active, or after this long")
     parser.add_argument("--openai-port", type=int, default=9000, help="OpenAI-compatible HTTP API port (default 9000)")
-    parser.add_argument("--openai-host", default="127.0.0.1", help="OpenAI API address (0.0.0.0: every interface)")
+    parser.add_argument("--openai-host", default=None, help="OpenAI API address (default: --host)")
     parser.add_argument("--no-openai", dest="openai", action="store_false", help="do not serve the OpenAI API")
 
 
@@ -374,7 +374,8 @@ def run(args) -> int:
         if not stop["requested"] and getattr(args, "openai", False):
             from banditspec_client.openai_api.server import OpenAIServer
 
-            openai_api = OpenAIServer(server.grpc_url, host=args.openai_host, port=args.openai_port, model=args.model)
+            openai_host = args.openai_host or getattr(args, "host", "127.0.0.1")
+            openai_api = OpenAIServer(server.grpc_url, host=openai_host, port=args.openai_port, model=args.model)
             openai_api.start()
             print(f"OpenAI API: {openai_api.url}/v1 (model 'banditspec')", file=sys.stderr, flush=True)
         if not stop["requested"]:
