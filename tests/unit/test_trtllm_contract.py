@@ -247,3 +247,15 @@ def test_the_stand_in_config_declares_all_of_upstream():
     assert [t.name for t in config.input] == [t["name"] for t in CONTRACT["inputs"]]
     assert [t.name for t in config.output] == [t["name"] for t in CONTRACT["outputs"]]
     assert config.model_transaction_policy.decoupled and config.max_batch_size > 0
+
+
+def test_more_tokens_than_asked_for_is_an_engine_error():
+    from banditspec.errors import EngineError
+
+    def infer(model, tensors, outputs):
+        n = int(tensors["request_output_len"].reshape(-1)[0]) + 1
+        return {"output_ids": np.full((1, 1, n), 7, dtype=np.int32), "sequence_length": np.array([[n]], dtype=np.int32)}
+
+    engine = TensorEngine(infer, vocab_size=VOCAB, max_context=256, eos_id=EOS, tensorrtllm=True)
+    with pytest.raises(EngineError, match="returned 3 tokens for 1 draft tokens"):
+        engine.verify([VerifyRequest(input_ids=np.arange(3, 9, dtype=np.int32), draft_ids=np.array([7], np.int32), end_id=EOS)])
