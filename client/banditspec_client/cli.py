@@ -10,10 +10,12 @@ import json
 import sys
 import time
 
+from banditspec.config import DEFAULT_POLICY
+
 
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the prompt text (one user turn; the chat template is applied)")
-    p.add_argument("--policy", default="ucbspec", help="vanilla | ucbspec | exp3spec | uniform | fixed:<arm>")
+    p.add_argument("--policy", default=DEFAULT_POLICY, help="costaware | vanilla | ucbspec | exp3spec | uniform | fixed:<arm>")
     p.add_argument("--arms", default=None, help="comma-separated arms, e.g. pld,suffix@2,rest (default: all)")
     p.add_argument("--max-draft-len", type=int, default=4, help="L, the longest speculation")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -105,13 +107,14 @@ def _cmd_build(args) -> int:
 # Subcommands that delegate to a module's add_arguments(parser) / run(args): (name, module, help).
 MODULE_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "banditspec_client.serve", "start a real tritonserver with this model repository"),
+    ("openai", "banditspec_client.openai_api.server", "OpenAI-compatible HTTP API in front of a running Triton"),
     ("demo", "banditspec_client.demo", "start Triton, send a few prompts, compare with plain decoding"),
     ("simulate", "banditspec.simulate", "bandit regret on synthetic arms (the paper's TGD)"),
-    ("openai", "banditspec_client.openai_api.server", "OpenAI-compatible HTTP API in front of a running Triton"),
     ("bench", "banditspec_client.bench", "benchmark methods side by side (paper Table 1)"),
     ("bench-overhead", "banditspec_client.bench_overhead", "tokens/s through Triton vs in process, side by side"),
     ("bench-concurrency", "banditspec_client.bench_concurrency", "throughput vs concurrent streams: fixed gamma vs the controller"),
     ("bench-drafters", "banditspec_client.bench_drafters", "proposal cost of each drafter"),
+    ("replay", "banditspec_client.replay", "score every policy offline and exactly from recorded traces (tune, compare)"),
     ("bench-engine", "banditspec_client.bench_engine", "verify cost over k new tokens and decode rate of the target engine"),
     ("soak", "banditspec_client.soak", "bounded soak of a real tritonserver: mixed traffic, memory, KV, /dev/shm"),
 )

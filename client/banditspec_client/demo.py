@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from banditspec.config import DEFAULT_POLICY
 from banditspec.paths import cache_dir
 
 DEMO_PROMPTS = (
@@ -30,7 +31,7 @@ DEMO_PROMPTS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--policy", default="ucbspec")
+    parser.add_argument("--policy", default=DEFAULT_POLICY)
 
 
 def run(args) -> int:

@@ -15,7 +15,8 @@ from banditspec.errors import BanditSpecValidationError
 
 VANILLA_ARM = "vanilla"
 MAX_SPECULATION_LENGTH = 16  # upper bound for L (TensorRT-LLM engines are built with max_draft_len <= this)
-POLICY_CHOICES = ("vanilla", "ucbspec", "exp3spec", "uniform")  # plus "fixed:<arm>"
+POLICY_CHOICES = ("costaware", "vanilla", "ucbspec", "exp3spec", "uniform")  # plus "fixed:<arm>"
+DEFAULT_POLICY = "costaware"  # the one default: cost-aware, full-information, warm-started
 REWARD_CHOICES = ("accepted", "throughput")
 
 
@@ -72,7 +73,7 @@ class GenerationRequest:
     prompt_ids:     int token ids of the prompt (chat template already applied by the caller)
     stop_sequences: token-id sequences; generation stops before the first occurrence
     arms:           arm names (see module doc); None = the decoder's default arm set
-    policy:         vanilla | ucbspec | exp3spec | uniform | fixed:<arm>
+    policy:         costaware (default) | vanilla | ucbspec | exp3spec | uniform | fixed:<arm>
     max_draft_len:  L, the longest speculation; an arm without ``@gamma`` drafts L tokens
     reward:         accepted (paper: accepted + 1) | throughput (cost-aware: accepted + 1
                     scaled by the step's measured time against the request's fastest step)
@@ -80,7 +81,7 @@ class GenerationRequest:
 
     prompt_ids: Sequence[int]
     max_tokens: int
-    policy: str = "ucbspec"
+    policy: str = DEFAULT_POLICY
     arms: Sequence[str] | None = None
     max_draft_len: int = 4
     temperature: float = 0.0

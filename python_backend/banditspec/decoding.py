@@ -25,6 +25,8 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from banditspec.bandits.base import Policy
+from banditspec.bandits.cost_model import CostModel
+from banditspec.bandits.costaware import Candidate, CostAwarePolicy, SharedAcceptance, context_bucket
 from banditspec.budget import SpeculationBudget, UnlimitedBudget
 from banditspec.config import (
     VANILLA_ARM,
@@ -69,6 +71,7 @@ class SpeculationStats:
     step_seconds: list[float] = field(default_factory=list)
     dropped_arms: dict[str, str] = field(default_factory=dict)  # arm -> reason
     generated_tokens: int = 0
+    controller: dict | None = None  # costaware: the cost model the request decided with
 
     @property
     def steps(self) -> int:
@@ -97,6 +100,7 @@ class SpeculationStats:
             "tokens_per_second": round(self.generated_tokens / elapsed, 3) if elapsed > 0 else 0.0,
             "per_arm": per_arm,
             "dropped_arms": dict(self.dropped_arms),
+            **({"controller": self.controller} if self.controller is not None else {}),
         }
 
 
@@ -123,6 +127,9 @@ class SpeculativeDecoder:
         limits: Limits = Limits(),
         drafter_deadline_s: float | None = 0.5,
         budget: SpeculationBudget | None = None,
+        cost_model: CostModel | None = None,
+        shared_acceptance: SharedAcceptance | None = None,
+        clock=time.perf_counter,
     ):
         self.drafters = dict(drafters)
         self.vocab_size = vocab_size
@@ -136,6 +143,12 @@ class SpeculativeDecoder:
         # None: proposals run inline on the caller's thread (no deadline can be enforced).
         self.drafter_deadline_s = drafter_deadline_s
         self.budget: SpeculationBudget = budget or UnlimitedBudget()
+        # Server-wide, shared by every request: the platform's round costs and the drafters'
+        # acceptance statistics (the costaware policy's warm start). Sized for L <= limits.
+        top = limits.max_draft_len
+        self.cost_model = cost_model or CostModel(top + 1)
+        self.shared_acceptance = shared_acceptance or SharedAcceptance(top)
+        self.clock = clock
 
     @classmethod
     def for_engine(cls, engine: Engine, drafters: Mapping[str, Drafter], **kwargs) -> "SpeculativeDecoder":
@@ -164,6 +177,10 @@ class SpeculativeDecoder:
         names = list(request.arms) if request.arms is not None else self.default_arms
         if not names:
             raise BanditSpecValidationError("arms", "the arm list is empty")
+        if policy == COSTAWARE:  # it chooses gamma per round: an arm names a drafter (@gamma caps it)
+            names = [n for n in names if n != VANILLA_ARM]  # plain decoding is always a choice
+            if not names:
+                return [], policy
         arms = [parse_arm(n, request.max_draft_len, known) for n in names]
         if len({a.name for a in arms}) != len(arms):
             raise BanditSpecValidationError("arms", "an arm is listed twice")
@@ -175,14 +192,19 @@ class SpeculativeDecoder:
         return DecodingSession(self, request, arms, policy_name)
 
 
-def _make_policy(name: str, n_arms: int, max_draft_len: int, seed: int) -> Policy:
+COSTAWARE = "costaware"
+
+
+def _make_policy(name: str, n_arms: int, max_draft_len: int, seed: int, reward: str = "accepted") -> Policy:
     from banditspec.bandits.fixed import FixedArmPolicy
     from banditspec.bandits.registry import make_policy
 
     if name == "fixed":
         return FixedArmPolicy(arm=0, n_arms=n_arms)
     rng = np.random.default_rng(seed)
-    return make_policy(name, n_arms=n_arms, reward_range=float(max_draft_len), max_reward=float(max_draft_len + 1), rng=rng)
+    # accepted + 1 lies in [1, L + 1] (width L); the throughput reward in [0, L + 1].
+    width = float(max_draft_len + 1 if reward == "throughput" else max_draft_len)
+    return make_policy(name, n_arms=n_arms, reward_range=width, max_reward=float(max_draft_len + 1), rng=rng)
 
 
 class DecodingSession:
@@ -197,8 +219,22 @@ class DecodingSession:
         self._generated: list[int] = []
         self._emitted = 0
         self._stop_sequences = [list(map(int, s)) for s in request.stop_sequences]
-        self.policy = _make_policy(policy_name, len(arms), request.max_draft_len, request.seed)
-        self._reward = make_reward(request.reward)
+        self._clock = decoder.clock
+        self._cost_model = decoder.cost_model
+        self.controller: CostAwarePolicy | None = None
+        if policy_name == COSTAWARE:
+            self.policy = None  # type: ignore[assignment]
+            self.controller = CostAwarePolicy(
+                [a.drafter for a in arms], request.max_draft_len, decoder.cost_model, decoder.shared_acceptance
+            )
+        else:
+            self.policy = _make_policy(policy_name, len(arms), request.max_draft_len, request.seed, request.reward)
+        self._reward = make_reward(request.reward, decoder.cost_model, request.max_draft_len)
+        # Full information: proposals not fully scored, (drafter, bucket, start, tokens,
+        # positions scored so far); outcomes are recorded as the target's tokens arrive.
+        self._open_proposals: list[tuple[str, int, int, list[int], int]] = []
+        self._draft_cost: dict[str, float] = {}  # costly drafter -> seconds per drafted token
+        self._verify_started = 0.0
         self._available = list(range(len(arms)))
         self.stats = SpeculationStats()
         self.finished = False
@@ -223,24 +259,30 @@ class DecodingSession:
         """Choose an arm, draft, and return the verification call for this step."""
         if self.finished:
             raise RuntimeError("the session has finished")
-        start = time.perf_counter()
+        start = self._clock()
         remaining = self._request.max_tokens - len(self._generated)
         room = self._decoder.max_context - len(self._sequence) - 1
-        limit = max(0, min(remaining - 1, room, self._decoder.budget.gamma_cap()))
+        end_limit = max(0, min(remaining - 1, room))  # what the request's end allows
+        limit = max(0, min(end_limit, self._decoder.budget.gamma_cap()))
         arm_index, draft = None, Draft()
         truncated = False
-        while self._available and limit > 0:
+        if self.controller is not None:
+            arm_index, draft = self._choose_costaware(limit)
+        while self.controller is None and self._available and limit > 0:
             arm_index = self.policy.select(self._available)
             arm = self.arms[arm_index]
             if not arm.drafter:
                 break
-            truncated = limit < arm.gamma
+            # Cut short by the request's end (max_tokens/context) says little about the arm:
+            # no reward. Cut by the server-wide gamma cap, it is the arm as served: rewarded.
+            truncated = end_limit < arm.gamma
             draft = self._propose(arm, min(arm.gamma, limit))
             if draft is not None:
                 break
             arm_index, draft = None, Draft()  # the drafter failed and was dropped: choose again
         gamma = len(draft)
         self._pending = (arm_index, gamma, truncated, start)
+        self._verify_started = self._clock()
         hidden_from = -1
         if self._needs_hidden:
             hidden_from = self._hidden_from
@@ -254,11 +296,72 @@ class DecodingSession:
             hidden_from=hidden_from,
         )
 
+    def _choose_costaware(self, limit: int) -> tuple[int | None, Draft]:
+        """Cheap drafters all propose (full information); the controller picks (drafter,
+        gamma) by expected tokens per second; a costly drafter proposes only if picked."""
+        controller = self.controller
+        assert controller is not None
+        if limit <= 0:
+            return None, Draft()
+        candidates, drafts = [], {}
+        position = len(self._sequence)
+        for index in list(self._available):
+            arm = self.arms[index]
+            drafter = self._decoder.drafters.get(arm.drafter)
+            if index not in self._available or drafter is None:
+                continue
+            cap = min(arm.gamma, limit)
+            if _is_costly(drafter):
+                per_token = self._draft_cost.get(arm.drafter, 0.0)
+                candidates.append(Candidate(arm.drafter, cap, 0, True, per_token))
+                continue
+            draft = self._propose(arm, cap)
+            if draft is None or len(draft) == 0:
+                continue
+            bucket = context_bucket(draft.match_len)
+            drafts[index] = draft
+            self._open_proposals.append((arm.drafter, bucket, position, draft.token_ids.tolist(), 0))
+            candidates.append(Candidate(arm.drafter, len(draft), bucket))
+        choice = controller.choose(candidates, limit)
+        if choice.drafter is None:
+            return None, Draft()
+        index = next(i for i in self._available if self.arms[i].drafter == choice.drafter)
+        if index in drafts:
+            draft = drafts[index]
+            return index, Draft(draft.token_ids[: choice.gamma], None if draft.probs is None else draft.probs[: choice.gamma])
+        began = self._clock()
+        draft = self._propose(self.arms[index], choice.gamma)
+        if draft is None or len(draft) == 0:
+            return None, Draft()
+        spent = (self._clock() - began) / max(1, len(draft))
+        old = self._draft_cost.get(choice.drafter)
+        self._draft_cost[choice.drafter] = spent if old is None else 0.8 * old + 0.2 * spent
+        self._open_proposals.append((choice.drafter, 0, position, draft.token_ids.tolist(), 0))
+        return index, draft
+
+    def _score_proposals(self, final: bool = False) -> None:
+        """Score each open proposal once the target's tokens at its positions are known."""
+        if self.controller is None or not self._open_proposals:
+            return
+        sequence, still_open = self._sequence, []
+        for drafter, bucket, start, tokens, done in self._open_proposals:
+            known = len(sequence) - start
+            matched = 0
+            while matched < min(known, len(tokens)) and sequence[start + matched] == tokens[matched]:
+                matched += 1
+            done = self.controller.record(drafter, bucket, len(tokens), matched, known, done)
+            resolved = matched < min(known, len(tokens)) or matched == len(tokens)
+            if not resolved and not final:
+                still_open.append((drafter, bucket, start, tokens, done))
+        self._open_proposals = still_open
+
     def apply(self, result: VerifyResult) -> StepEvent:
         """Take the target's verdict for the pending step; returns what to stream."""
         if self._pending is None:
             raise RuntimeError("apply() without a pending next_verify()")
         arm_index, gamma, truncated, start = self._pending
+        verify_seconds = self._clock() - self._verify_started
+        first_step = not self.stats.steps
         self._pending = None
         output = [int(t) for t in np.asarray(result.output_ids).reshape(-1)]
         accepted = int(result.num_accepted)
@@ -277,13 +380,22 @@ class DecodingSession:
             except Exception as exc:
                 self._drop_drafter(session_name, f"observe failed: {type(exc).__name__}")
         self._append(output)
-        elapsed = time.perf_counter() - start
+        elapsed = self._clock() - start
         self._decoder.budget.record_step(gamma, len(output), elapsed)
-        arm_name = self.arms[arm_index].name if arm_index is not None else VANILLA_ARM
+        if not first_step:  # the first step also prefills the prompt: not a round's cost
+            self._cost_model.observe(1 + gamma, verify_seconds)
+            self._cost_model.observe_overhead(max(0.0, elapsed - verify_seconds))
+        self._score_proposals(final=self.finished)
+        if self.controller is not None:
+            arm_name = f"{self.arms[arm_index].drafter}@{gamma}" if arm_index is not None and gamma else VANILLA_ARM
+        else:
+            arm_name = self.arms[arm_index].name if arm_index is not None else VANILLA_ARM
         # A step whose draft was cut short by max_tokens/context says little about the arm;
         # a drafter that proposes fewer tokens than it may (no match) is rewarded as it did.
-        if arm_index is not None and not truncated:
-            self.policy.update(arm_index, self._reward(accepted, elapsed))
+        # The first step's time includes the prefill: the throughput reward skips it.
+        if self.policy is not None and arm_index is not None and not truncated:
+            if not (first_step and self._reward.name == "throughput"):
+                self.policy.update(arm_index, self._reward(accepted, elapsed))
         self.stats.arms.append(arm_name)
         self.stats.drafted.append(gamma)
         self.stats.accepted.append(accepted)
@@ -302,6 +414,12 @@ class DecodingSession:
     def cancel(self) -> None:
         if not self.finished:
             self._finish(FINISH_CANCELLED)
+
+    def controller_stats(self) -> dict | None:
+        """The costaware controller's view (cost model, acceptance), for speculation_stats."""
+        if self.controller is None:
+            return None
+        return {"policy": COSTAWARE, "cost_model": self._cost_model.as_dict()}
 
     def result(self) -> GenerationResult:
         return GenerationResult(list(self._generated), self.finish_reason or "", self.stats)
@@ -401,6 +519,7 @@ class DecodingSession:
     def _finish(self, reason: str) -> None:
         self.finished = True
         self.finish_reason = reason
+        self.stats.controller = self.controller_stats()
         for session in self._sessions.values():
             try:
                 session.close(finished=reason != FINISH_CANCELLED)
@@ -410,6 +529,12 @@ class DecodingSession:
         if self._worker is not None:
             self._worker.stop()
             self._worker = None
+
+
+def _is_costly(drafter: Drafter) -> bool:
+    """A drafter whose proposal costs a model call (Eagle, a draft engine): it proposes only
+    when chosen and learns from bandit feedback; the others propose every round."""
+    return bool(getattr(drafter, "needs_hidden_states", False) or getattr(drafter, "costly", False))
 
 
 class ProposeTimeout(Exception):

@@ -1,16 +1,19 @@
 """Rewards a policy learns from, one per step.
 
 * ``accepted`` (the paper's): Y = accepted + 1, in [1, L + 1].
-* ``throughput`` (cost-aware): Y = (accepted + 1) * t_fastest / t_step, where t_step is the
-  measured wall time of the step (draft + verify) and t_fastest the fastest step the
-  request has seen. It is the step's tokens per second in units of the request's best
-  step rate, so an arm that drafts long and gets rejected pays for its verification
-  cost. Also in (0, L + 1].
+* ``throughput`` (cost-aware): Y = (accepted + 1) * t_plain / t_step, clipped to [0, L + 1]:
+  the step's tokens per second in units of plain decoding's rate, where t_step is the
+  measured wall time of the step (draft + verify) and t_plain the platform's cost of a
+  one-token round from the server-wide :class:`~banditspec.bandits.cost_model.CostModel`
+  (a fixed yardstick, not a moving one). Y > 1 means the step beat plain decoding. The
+  decoding loop does not reward a request's first step (its time includes the prefill).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from banditspec.bandits.cost_model import CostModel
 
 
 class AcceptedLengthReward:
@@ -22,16 +25,17 @@ class AcceptedLengthReward:
 
 @dataclass
 class ThroughputReward:
-    """Per-request state: the fastest step time seen so far."""
-
+    cost_model: CostModel
+    max_draft_len: int
     name = "throughput"
-    fastest_step_seconds: float = float("inf")
 
     def __call__(self, accepted: int, step_seconds: float) -> float:
-        step_seconds = max(step_seconds, 1e-6)
-        self.fastest_step_seconds = min(self.fastest_step_seconds, step_seconds)
-        return float(accepted + 1) * self.fastest_step_seconds / step_seconds
+        plain = self.cost_model.verify_seconds(1)
+        value = float(accepted + 1) * plain / max(step_seconds, 1e-9)
+        return min(max(value, 0.0), float(self.max_draft_len + 1))
 
 
-def make_reward(name: str):
-    return ThroughputReward() if name == "throughput" else AcceptedLengthReward()
+def make_reward(name: str, cost_model: CostModel | None = None, max_draft_len: int = 16):
+    if name == "throughput":
+        return ThroughputReward(cost_model or CostModel(max_draft_len + 1), max_draft_len)
+    return AcceptedLengthReward()

@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
-from banditspec.config import GenerationRequest
+from banditspec.config import DEFAULT_POLICY, GenerationRequest
 from banditspec.decoding import SpeculativeDecoder, generate
 from banditspec.engine.contract import Engine
 from banditspec.errors import BanditSpecValidationError, EngineError
@@ -103,7 +103,7 @@ OUTCOMES = (OUTCOME_SUCCESS, OUTCOME_CANCELLED, OUTCOME_INVALID, OUTCOME_BUSY, O
 class ServingDefaults:
     """Defaults from config.pbtxt parameters."""
 
-    policy: str = "ucbspec"
+    policy: str = DEFAULT_POLICY
     arms: tuple[str, ...] | None = None  # None = every arm the deployment serves
     max_draft_len: int = 4
     reward: str = "accepted"

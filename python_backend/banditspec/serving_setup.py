@@ -10,7 +10,7 @@ from typing import Mapping
 
 from banditspec.batching import make_gamma_budget
 from banditspec.batching.uniform_inputs import with_empty_drafts
-from banditspec.config import Limits
+from banditspec.config import DEFAULT_POLICY, Limits
 from banditspec.decoding import SpeculativeDecoder
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
 from banditspec.errors import BanditSpecValidationError
@@ -128,7 +128,7 @@ def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
         budget=budget,
     )
     defaults = ServingDefaults(
-        policy=params.get("default_policy", "ucbspec"),
+        policy=params.get("default_policy", DEFAULT_POLICY),
         arms=None,
         max_draft_len=_int(params, "default_max_draft_len", 4),
         reward=params.get("default_reward", "accepted"),

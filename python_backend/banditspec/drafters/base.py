@@ -30,10 +30,13 @@ class Draft:
     token_ids: int32 [gamma]          proposed continuation of the current context
     probs:     float32 [gamma, vocab] or None: the drafter's distribution per position
                (None: deterministic drafter, q is a point mass on token_ids)
+    match_len: the drafter's confidence as the length of the context match behind the
+               proposal (PLD n-gram, suffix depth, REST match); the controller's context
     """
 
     token_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     probs: np.ndarray | None = None
+    match_len: int = 0  # how long a context match the proposal came from (0: unknown)
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])

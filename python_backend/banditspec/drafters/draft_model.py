@@ -47,6 +47,7 @@ class DraftModelSession:
 
 class DraftModelDrafter:
     name = "draft"
+    costly = True  # a model call per proposal: the costaware controller drafts with it only when chosen
 
     def __init__(self, infer: InferFn, *, model_name: str = "draft", end_id: int):
         self.infer = infer

@@ -73,7 +73,7 @@ class PromptLookupSession:
         for n in range(min(self._max_ngram, len(tokens)), self._min_ngram - 1, -1):
             pos = self._next_pos.get(tuple(tokens[-n:]))
             if pos is not None:
-                return draft_of(tokens[pos : pos + max_len])
+                return draft_of(tokens[pos : pos + max_len], match_len=n)
         return empty_draft()
 
     def observe(self, new_tokens: Sequence[int], hidden_states: np.ndarray | None = None) -> None:

@@ -42,9 +42,9 @@ def empty_draft() -> Draft:
     return Draft(token_ids=np.zeros(0, dtype=np.int32))
 
 
-def draft_of(tokens: Sequence[int]) -> Draft:
+def draft_of(tokens: Sequence[int], match_len: int = 0) -> Draft:
     """A deterministic draft: token_ids int32 [len(tokens)], probs None."""
-    return Draft(token_ids=np.asarray(tokens, dtype=np.int32).reshape(-1), probs=None)
+    return Draft(token_ids=np.asarray(tokens, dtype=np.int32).reshape(-1), probs=None, match_len=int(match_len))
 
 
 def make_drafter(name: str, *, tokenizer: Any = None, rest_datastore: Path | None = None, **options: Any) -> Drafter:

@@ -113,7 +113,7 @@ class RestSession:
         if m == 0:
             return empty_draft()
         tokens = self._drafter.continuation(m, lo, hi, max_len)
-        return draft_of(tokens) if tokens else empty_draft()
+        return draft_of(tokens, match_len=m) if tokens else empty_draft()
 
     def observe(self, new_tokens: Sequence[int], hidden_states: np.ndarray | None = None) -> None:
         tail = self._tail + validated_tokens(new_tokens, "new_tokens")

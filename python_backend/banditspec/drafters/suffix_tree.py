@@ -419,16 +419,17 @@ class SuffixTreeSession:
             return empty_draft()
         drafter = self._drafter
         max_match = drafter.max_depth - min(max_len, drafter.max_depth - 1)
-        best = Proposal([], 0.0)
+        best, match = Proposal([], 0.0), 0
         node = self._trie.deepest_repeated(self._active, max_match)
         if node != NO_NODE:  # the longest suffix that occurred before in this request
-            limit = min(max_len, math.ceil(drafter.alpha * self._trie.depth(node)))
+            match = self._trie.depth(node)
+            limit = min(max_len, math.ceil(drafter.alpha * match))
             best = self._trie.walk(node, 0, limit, drafter.min_share)
         if drafter.global_tokens:
-            shared, _ = drafter.propose_global(self._tokens, max_match, max_len)
+            shared, shared_match = drafter.propose_global(self._tokens, max_match, max_len)
             if shared.score > best.score:
-                best = shared
-        return draft_of(best.tokens) if best.tokens else empty_draft()
+                best, match = shared, shared_match
+        return draft_of(best.tokens, match_len=match) if best.tokens else empty_draft()
 
     def observe(self, new_tokens: Sequence[int], hidden_states: np.ndarray | None = None) -> None:
         if self._closed:

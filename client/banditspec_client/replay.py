@@ -1,0 +1,289 @@
+"""``banditspec replay``: score every policy offline, exactly, over hundreds of prompts.
+
+1. Record (once, cached under the cache folder): for each prompt the target's greedy
+   output (batched plain decoding on the reference engine) and, at every position, each
+   cheap drafter's proposal (:mod:`banditspec.replay`).
+2. Replay, per cost model of the platform and per workload: plain decoding, every fixed
+   arm at every gamma, the per-prompt oracle (best fixed arm per prompt in hindsight),
+   the per-step oracle (best choice at every step), ucbspec, exp3spec and costaware.
+   Time comes from the cost model: ``steep`` (the CPU engine before its fast kernels),
+   ``flat`` (a GPU-like curve), ``measured`` (``bench-engine``'s fast-kernel curve) or a
+   JSON file with a list of ratios.
+
+Prompts: the project's workloads (``--workloads``), or a user's own JSONL file of
+``{"kind": ..., "prompt": ...}`` lines (``--prompts-file``). Outputs a table (markdown),
+JSON and a PNG into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+STEEP = [1.00, 1.54, 1.77, 1.79, 1.98, 2.10, 2.21, 2.26, 2.31]  # the fp32 engine before fast kernels
+FLAT = [1.00, 1.02, 1.04, 1.06, 1.08, 1.10, 1.12, 1.14, 1.16]  # GPU-like
+ENGINE_JSON = Path("docs/benchmarks/engine/engine_cost.json")
+ADAPTIVE = ("costaware", "ucbspec", "exp3spec")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workloads", default="code,code-edit,chat", help="comma-separated (mixed = all interleaved)")
+    parser.add_argument("--prompts", type=int, default=60, help="prompts per workload")
+    parser.add_argument("--prompts-file", type=Path, default=None, help='JSONL of {"kind", "prompt"} (your traffic)')
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-draft-len", type=int, default=4, help="L of the replayed policies")
+    parser.add_argument("--record-len", type=int, default=8, help="tokens recorded per proposal (>= L)")
+    parser.add_argument("--drafters", default="pld,suffix,rest")
+    parser.add_argument("--costs", default="steep,flat,measured", help="cost models: steep, flat, measured, or FILE.json")
+    parser.add_argument("--batch", type=int, default=8, help="sequences per forward while recording")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/replay"))
+
+
+# --- prompts and recording --------------------------------------------------------------
+
+
+def _prompts(args) -> list[tuple[str, str]]:
+    if args.prompts_file is not None:
+        out = []
+        for number, line in enumerate(args.prompts_file.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
+                raise SystemExit(f"{args.prompts_file}:{number}: expected {{\"kind\": ..., \"prompt\": \"...\"}}")
+            out.append((str(item.get("kind", "user")), item["prompt"]))
+        return out
+    from banditspec_client.workloads import load_workload
+
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    kinds = [w for w in names if w != "mixed"] or ["code", "code-edit", "chat"]
+    lists = [[(p.kind, p.text) for p in load_workload(kind, args.prompts)] for kind in kinds]
+    # interleaved, as a server would see mixed traffic (the statistics carry across prompts)
+    return [item for group in zip(*lists) for item in group]
+
+
+def _greedy_batched(engine, prompts: list[list[int]], max_tokens: int, batch: int) -> list[list[int]]:
+    """Greedy outputs, ``batch`` prompts per forward: prompts left-padded, one KV cache per
+    batch grown in place (the engine's fast decoder, no prefix cache), so a step over 16
+    sequences costs little more than over one. Rounding may differ from solo decoding
+    where two logits tie; the replay only needs a faithful sample of the target's output."""
+    import torch
+    from tqdm import tqdm
+
+    fast, head, eos = engine._fast, engine._lm_head, engine.eos_id
+    outputs: list[list[int]] = [[] for _ in prompts]
+    bar = tqdm(total=len(prompts), desc="recording target outputs")
+    for lo in range(0, len(prompts), batch):
+        rows = list(range(lo, min(lo + batch, len(prompts))))
+        width = max(len(prompts[i]) for i in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        for b, i in enumerate(rows):
+            ids[b, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[b, width - len(prompts[i]) :] = True
+        positions = (mask.long().cumsum(dim=1) - 1).clamp_min(0)
+        hidden, past = fast.forward(ids, positions, None, mask)
+        last = hidden[:, -1]
+        done = [False] * len(rows)
+        for _ in range(max_tokens):
+            tokens = head(last).argmax(dim=-1)
+            for b, i in enumerate(rows):
+                if not done[b]:
+                    outputs[i].append(int(tokens[b]))
+                    if int(tokens[b]) == eos or len(outputs[i]) >= max_tokens:
+                        done[b] = True
+                        bar.update(1)
+            if all(done):
+                break
+            positions = positions[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.bool)], dim=1)
+            hidden, past = fast.forward(tokens[:, None], positions, past, mask)
+            last = hidden[:, -1]
+    bar.close()
+    return outputs
+
+
+def record(args, prompts: list[tuple[str, str]]):
+    """Traces for the prompts, from the cache when recorded before with the same settings."""
+    import torch
+
+    from banditspec.engine.models import load_tokenizer
+    from banditspec.paths import cache_dir
+    from banditspec.replay import Trace, record_proposals
+    from banditspec.runtime import build_drafters
+    from banditspec.text import prompt_ids
+
+    tokenizer = load_tokenizer(args.model)
+    ids = [prompt_ids(tokenizer, text, chat=True) for _, text in prompts]
+    drafter_names = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    key = hashlib.sha256(json.dumps([args.model, args.max_tokens, args.record_len, drafter_names, ids]).encode()).hexdigest()[:16]
+    path = cache_dir() / "traces" / f"{key}.jsonl"
+    if path.exists():
+        return [Trace.from_dict(json.loads(line)) for line in path.read_text().splitlines()], tokenizer
+    from banditspec.engine.reference import ReferenceEngine
+
+    torch.set_num_threads(max(1, args.threads))
+    engine = ReferenceEngine.from_name(args.model, max_context=2048, cache_entries=max(8, args.batch))
+    with torch.inference_mode():
+        outputs = _greedy_batched(engine, ids, args.max_tokens, args.batch)
+    drafters = build_drafters(drafter_names, tokenizer)
+    from tqdm import tqdm
+
+    traces = [record_proposals(Trace(kind, p, out), drafters, args.record_len)
+              for (kind, _), p, out in tqdm(list(zip(prompts, ids, outputs)), desc="recording proposals")]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(json.dumps(t.as_dict()) for t in traces) + "\n")
+    tmp.rename(path)
+    return traces, tokenizer
+
+
+# --- evaluation -------------------------------------------------------------------------
+
+
+def _curve(name: str) -> list[float]:
+    if name == "steep":
+        return STEEP
+    if name == "flat":
+        return FLAT
+    if name == "measured":
+        data = json.loads(ENGINE_JSON.read_text())
+        ms = data["verify_ms"]["fast"]
+        return [ms[str(k)] / ms["1"] if str(k) in ms else None for k in data["ks"]]  # type: ignore[misc]
+    return [float(x) for x in json.loads(Path(name).read_text())]
+
+
+def _cost_model(ratios: list[float], max_tokens: int):
+    from banditspec.bandits.cost_model import CostModel
+
+    known = [(k, r) for k, r in enumerate(ratios, start=1) if r is not None]
+    xs, ys = np.array([k for k, _ in known], float), np.array([r for _, r in known], float)
+    full = [float(np.interp(k, xs, ys)) if k <= xs[-1] else float(ys[-1] + (ys[-1] - ys[-2]) * (k - xs[-1]) / (xs[-1] - xs[-2]))
+            for k in range(1, max_tokens + 1)]
+    return CostModel.fixed(full)
+
+
+def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters: list[str]) -> dict:
+    from tqdm import tqdm
+
+    from banditspec.replay import per_step_oracle_seconds, replay_policy
+
+    fixed = [f"fixed:{d}@{g}" for d in drafters for g in range(1, max_draft_len + 1)]
+    methods = ["vanilla", *fixed, *ADAPTIVE]
+    results: dict = {}
+    for cost in costs:
+        platform = _cost_model(_curve(cost), 17)
+        curve = platform.curve()
+        per_method = {}
+        for method in tqdm(methods, desc=f"replay ({cost})"):
+            per_method[method] = replay_policy(traces, method, drafters, platform, max_draft_len=max_draft_len,
+                                               eos_id=eos_id)["rows"]
+        oracle_step = []
+        for trace, row in zip(traces, per_method["vanilla"]):
+            oracle_step.append(per_step_oracle_seconds(trace, curve, max_draft_len, drafters, n=row["tokens"] + (1 if trace.target[-1] == eos_id else 0)))
+        results[cost] = {"methods": per_method, "per_step_oracle": oracle_step, "curve": platform.relative()[:9]}
+    return results
+
+
+def summarise(results: dict, traces, workloads: list[str]) -> dict:
+    """cost -> workload -> method -> {speedup over plain, mean accepted tokens, identical}."""
+    out: dict = {}
+    for cost, data in results.items():
+        out[cost] = {}
+        for workload in workloads:
+            idx = [i for i, t in enumerate(traces) if workload == "mixed" or t.kind == workload]
+            if not idx:
+                continue
+            methods = data["methods"]
+            plain = sum(methods["vanilla"][i]["seconds"] for i in idx)
+            tokens = sum(methods["vanilla"][i]["tokens"] for i in idx)
+            table = {}
+            for name, rows in methods.items():
+                seconds = sum(rows[i]["seconds"] for i in idx)
+                steps = sum(rows[i]["steps"] for i in idx)
+                table[name] = {"speedup": plain / seconds, "mat": tokens / steps,
+                               "identical": all(rows[i]["identical"] for i in idx)}
+            fixed_names = [n for n in methods if n.startswith("fixed:")] + ["vanilla"]
+            per_prompt = sum(min(methods[n][i]["seconds"] for n in fixed_names) for i in idx)
+            table["oracle/prompt"] = {"speedup": plain / per_prompt, "mat": None, "identical": True}
+            table["oracle/step"] = {"speedup": plain / sum(data["per_step_oracle"][i] for i in idx), "mat": None, "identical": True}
+            best_fixed = max((n for n in fixed_names if n != "vanilla"), key=lambda n: table[n]["speedup"])
+            table["best fixed"] = dict(table[best_fixed], arm=best_fixed)
+            out[cost][workload] = table
+    return out
+
+
+def _markdown(summary: dict, args, n_traces: int, results: dict) -> str:
+    lines = [f"Replay over {n_traces} prompts, {args.max_tokens} tokens max, L = {args.max_draft_len}, "
+             f"drafters {args.drafters}; speed = plain decoding's time / the method's time (decode only, from the cost model).", ""]
+    for cost, per_workload in summary.items():
+        curve = results[cost]["curve"]
+        lines += [f"### cost model `{cost}`: verify(k)/verify(1) for k = 1..9: {', '.join(f'{c:.2f}' for c in curve)}", ""]
+        cols = ["costaware", "ucbspec", "exp3spec", "best fixed", "oracle/prompt", "oracle/step"]
+        lines += ["| workload | " + " | ".join(cols) + " | costaware / best fixed | costaware / oracle per prompt |",
+                  "|---|" + "---|" * (len(cols) + 2)]
+        for workload, table in per_workload.items():
+            cells = []
+            for c in cols:
+                cell = f"{table[c]['speedup']:.3f}x"
+                if c == "best fixed":
+                    cell += f" ({table[c]['arm'][6:]})"
+                if table[c]["mat"]:
+                    cell += f", MAT {table[c]['mat']:.2f}"
+                cells.append(cell)
+            ratio_fixed = table["costaware"]["speedup"] / table["best fixed"]["speedup"]
+            ratio_oracle = table["costaware"]["speedup"] / table["oracle/prompt"]["speedup"]
+            lines.append(f"| {workload} | " + " | ".join(cells) + f" | {ratio_fixed:.3f} | {ratio_oracle:.3f} |")
+        identical = all(v["identical"] for t in per_workload.values() for v in t.values())
+        lines += ["", f"Every replayed output identical to plain decoding: {identical}.", ""]
+    return "\n".join(lines)
+
+
+def _plot(summary: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    costs = list(summary)
+    fig, axes = plt.subplots(1, len(costs), figsize=(5 * len(costs), 4), squeeze=False)
+    cols = ["costaware", "ucbspec", "exp3spec", "best fixed", "oracle/prompt", "oracle/step"]
+    for ax, cost in zip(axes[0], costs):
+        workloads = list(summary[cost])
+        width = 0.8 / len(cols)
+        for j, c in enumerate(cols):
+            ax.bar(np.arange(len(workloads)) + j * width, [summary[cost][w][c]["speedup"] for w in workloads], width, label=c)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(np.arange(len(workloads)) + 0.4 - width / 2, workloads)
+        ax.set_title(f"cost model: {cost}")
+        ax.set_ylabel("speed vs plain decoding")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "replay.png", dpi=110)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    prompts = _prompts(args)
+    traces, tokenizer = record(args, prompts)
+    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    costs = [c.strip() for c in args.costs.split(",") if c.strip()]
+    if "measured" in costs and not ENGINE_JSON.exists():
+        print(f"no {ENGINE_JSON} (run banditspec bench-engine): skipping the measured cost model")
+        costs.remove("measured")
+    results = evaluate(traces, int(tokenizer.eos_token_id), costs, args.max_draft_len, drafters)
+    kinds = sorted({t.kind for t in traces})
+    summary = summarise(results, traces, kinds + (["mixed"] if len(kinds) > 1 else []))
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = _markdown(summary, args, len(traces), results)
+    (args.out / "results.md").write_text(text)
+    (args.out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
+    _plot(summary, args.out)
+    print(text)
+    return 0

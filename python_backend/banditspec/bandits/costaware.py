@@ -1,0 +1,215 @@
+"""``costaware``: the default controller. Cost-aware, full-information, warm-started.
+
+Each round it chooses a drafter AND a speculation length gamma (0 = plain decoding) to
+maximise expected tokens per second:
+
+    U(d, gamma) = (1 + sum_{j <= gamma} P_d(accepted >= j | context)) / cost(1 + gamma, d)
+
+with cost = the verify-cost curve of :class:`~banditspec.bandits.cost_model.CostModel`
+plus the drafting cost of costly drafters (Eagle: per drafted token). U(plain) =
+1 / cost(1) is always a candidate, so when no draft is expected to pay, it decodes.
+
+Acceptance model: per (drafter, context) a discrete hazard h_j = P(token j accepted |
+tokens 1..j-1 accepted, the draft offered j tokens), j = 1..L, estimated from decayed
+counts with a Beta prior; P(accepted >= j) = prod_{i <= j} h_i. The context is the
+drafter's own confidence: the length of the match its proposal came from (PLD n-gram,
+suffix depth, REST match), in buckets.
+
+Information: cheap drafters (PLD, suffix, REST) propose every round whether chosen or
+not; once the target's tokens at those positions are known, each proposal's would-be
+accepted length is scored (full information). Costly drafters (Eagle, a draft engine)
+learn only when pulled, with an optimism bonus so that an untried one gets tried.
+
+Memory: a server-wide :class:`SharedAcceptance` (decayed, thread-safe) receives every
+observation and seeds each new request, capped at ``prior_weight`` pseudo-observations
+per position, so that a request starts warm and still adapts to its own evidence.
+
+Decisions are a deterministic function of (statistics, cost-model snapshot): no RNG.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from banditspec.bandits.cost_model import CostModel
+
+PLAIN = None  # the choice "no drafter, gamma 0"
+CONTEXT_BUCKETS = 4  # match length 0 (unknown), 1, 2, >= 3
+
+
+def context_bucket(match_len: int) -> int:
+    return max(0, min(int(match_len), CONTEXT_BUCKETS - 1))
+
+
+class HazardCounts:
+    """Decayed counts per context and position: offered[c, j], accepted[c, j], j = 0..L-1."""
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.offered = np.zeros((CONTEXT_BUCKETS, max_len))
+        self.accepted = np.zeros((CONTEXT_BUCKETS, max_len))
+
+    def record(self, bucket: int, proposed: int, accepted: int, known: int, decay: float = 1.0,
+               already: int = 0) -> int:
+        """A proposal of ``proposed`` tokens whose first ``accepted`` matched the target, with
+        ``known`` target tokens after it known so far (the rest is censored). Positions
+        before ``already`` were recorded before (outcomes arrive as the target speaks).
+        Returns the number of positions with an outcome now."""
+        last = min(proposed, accepted + 1, known, self.max_len)  # positions with an outcome
+        if last <= already:
+            return max(last, already)
+        if decay != 1.0:
+            self.offered *= decay
+            self.accepted *= decay
+        self.offered[bucket, already:last] += 1.0
+        if accepted > already:
+            self.accepted[bucket, already : min(accepted, last)] += 1.0
+        return last
+
+    def copy(self) -> "HazardCounts":
+        out = HazardCounts(self.max_len)
+        out.offered, out.accepted = self.offered.copy(), self.accepted.copy()
+        return out
+
+
+class SharedAcceptance:
+    """Server-wide acceptance counts per drafter (bounded: drafters x buckets x L floats),
+    decayed by ``decay`` per observation, thread-safe."""
+
+    def __init__(self, max_len: int, decay: float = 0.998):
+        self.max_len = max_len
+        self.decay = decay
+        self._counts: dict[str, HazardCounts] = {}
+        self._lock = threading.Lock()
+
+    def record(self, drafter: str, bucket: int, proposed: int, accepted: int, known: int, already: int = 0) -> None:
+        with self._lock:
+            counts = self._counts.get(drafter)
+            if counts is None:
+                counts = self._counts[drafter] = HazardCounts(self.max_len)
+            counts.record(bucket, proposed, accepted, known, self.decay, already)
+
+    def snapshot(self, drafter: str) -> HazardCounts | None:
+        with self._lock:
+            counts = self._counts.get(drafter)
+            return None if counts is None else counts.copy()
+
+    def as_dict(self) -> dict:
+        with self._lock:
+            return {
+                name: {
+                    "offered": np.round(c.offered.sum(axis=0), 2).tolist(),
+                    "accept_rate": np.round(c.accepted.sum(axis=0) / np.maximum(c.offered.sum(axis=0), 1e-9), 3).tolist(),
+                }
+                for name, c in self._counts.items()
+            }
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A drafter the round may use: how many tokens it can offer and its confidence."""
+
+    drafter: str
+    max_gamma: int  # cheap drafter: its proposal's length; costly drafter: the cap
+    bucket: int = 0
+    costly: bool = False
+    draft_seconds_per_token: float = 0.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    drafter: str | None  # None: plain decoding
+    gamma: int
+    expected_tokens: float
+    utility: float  # expected tokens per second
+
+
+class CostAwarePolicy:
+    """One request's controller (see the module docstring)."""
+
+    name = "costaware"
+
+    def __init__(
+        self,
+        drafters: list[str],
+        max_len: int,
+        cost_model: CostModel,
+        shared: SharedAcceptance | None = None,
+        *,
+        prior_accept: float = 0.5,
+        prior_reject: float = 1.5,
+        prior_weight: float = 30.0,
+        optimism: float = 1.0,
+    ):
+        if max_len < 1:
+            raise ValueError("max_len must be >= 1")
+        self.drafters = list(drafters)
+        self.max_len = max_len
+        self.cost_model = cost_model
+        self.shared = shared
+        self._a0, self._b0 = prior_accept, prior_reject
+        self._optimism = optimism
+        self.local = {d: HazardCounts(max_len) for d in drafters}
+        # Warm start: the server's counts, scaled down to at most prior_weight per position.
+        self.prior: dict[str, HazardCounts] = {}
+        for d in drafters:
+            snap = shared.snapshot(d) if shared is not None else None
+            if snap is None:
+                continue
+            width = min(max_len, snap.max_len)
+            prior = HazardCounts(max_len)
+            scale = np.minimum(1.0, prior_weight / np.maximum(snap.offered[:, :width], 1e-9))
+            prior.offered[:, :width] = snap.offered[:, :width] * scale
+            prior.accepted[:, :width] = snap.accepted[:, :width] * scale
+            self.prior[d] = prior
+        self.rounds = 0
+
+    # -- estimates -------------------------------------------------------------------
+    def survival(self, drafter: str, bucket: int, optimistic: bool = False) -> np.ndarray:
+        """float64 [L]: P(accepted >= j), j = 1..L, for a draft of L tokens."""
+        offered = self.local[drafter].offered[bucket].copy()
+        accepted = self.local[drafter].accepted[bucket].copy()
+        prior = self.prior.get(drafter)
+        if prior is not None:
+            offered += prior.offered[bucket]
+            accepted += prior.accepted[bucket]
+        hazard = (accepted + self._a0) / (offered + self._a0 + self._b0)
+        if optimistic:
+            bonus = self._optimism * np.sqrt(math.log(self.rounds + 2) / (offered + 1.0))
+            hazard = np.minimum(1.0, hazard + bonus)
+        return np.cumprod(hazard)
+
+    def choose(self, candidates: list[Candidate], gamma_cap: int) -> Choice:
+        """The best (drafter, gamma) for this round, plain decoding included."""
+        curve = self.cost_model.curve()
+        cap = max(0, min(gamma_cap, self.max_len, len(curve) - 2))
+        best = Choice(PLAIN, 0, 1.0, 1.0 / curve[1])
+        for candidate in candidates:
+            top = min(candidate.max_gamma, cap)
+            if top <= 0:
+                continue
+            survival = self.survival(candidate.drafter, candidate.bucket, optimistic=candidate.costly)
+            expected = 1.0 + np.concatenate([[0.0], np.cumsum(survival[:top])])  # index gamma
+            for gamma in range(1, top + 1):
+                seconds = curve[1 + gamma] + candidate.draft_seconds_per_token * gamma
+                utility = expected[gamma] / seconds
+                if utility > best.utility * (1 + 1e-9):
+                    best = Choice(candidate.drafter, gamma, float(expected[gamma]), float(utility))
+        self.rounds += 1
+        return best
+
+    # -- learning --------------------------------------------------------------------
+    def record(self, drafter: str, bucket: int, proposed: int, accepted: int, known: int, already: int = 0) -> int:
+        """A proposal's outcome so far (full information for cheap drafters, the pulled
+        arm's for costly ones); returns how many of its positions are now recorded."""
+        counts = self.local.get(drafter)
+        if counts is None:
+            return already
+        done = counts.record(bucket, proposed, accepted, known, 1.0, already)
+        if self.shared is not None and done > already:
+            self.shared.record(drafter, bucket, proposed, accepted, known, already)
+        return done

@@ -1,0 +1,234 @@
+"""Exact offline evaluation of speculation policies from recorded traces.
+
+Greedy decoding is deterministic: the target's output for a prompt does not depend on
+which drafts were verified, and neither does a cheap drafter's proposal at a position
+(it reads only prompt + output so far). So one recording per prompt, the target's
+greedy tokens plus, at EVERY position, each cheap drafter's proposal of L tokens, lets
+any policy be replayed exactly: target calls, tokens fed, drafted and accepted tokens,
+and time through a cost model of the platform.
+
+The replay drives the real decoding loop (:class:`~banditspec.decoding.DecodingSession`
+with the real policies) against :class:`ReplayEngine` and :class:`ReplayDrafter`
+stand-ins and a virtual clock that advances by the platform's cost of each round, so
+what is measured is the shipped code's behaviour, not a re-implementation of it.
+
+Not covered: the Eagle arm (its proposals need the target's hidden states and a head
+forward per position; record them separately when affordable) and sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from banditspec.bandits.cost_model import CostModel
+from banditspec.drafters.base import Draft
+from banditspec.engine.contract import VerifyRequest, VerifyResult
+
+
+@dataclass
+class Trace:
+    """One prompt's recording.
+
+    target:    the target's greedy tokens after the prompt (EOS included when it ended so)
+    proposals: drafter -> per position i (0 .. len(target) - 1) the proposal made after i
+               generated tokens, up to L tokens
+    match_len: drafter -> per position the proposal's match length (the drafter's confidence)
+    """
+
+    kind: str
+    prompt_ids: list[int]
+    target: list[int]
+    proposals: dict[str, list[list[int]]] = field(default_factory=dict)
+    match_len: dict[str, list[int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "prompt_ids": self.prompt_ids, "target": self.target,
+                "proposals": self.proposals, "match_len": self.match_len}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trace":
+        return cls(d["kind"], list(d["prompt_ids"]), list(d["target"]), dict(d["proposals"]), dict(d["match_len"]))
+
+
+def record_proposals(trace: Trace, drafters: dict, max_len: int) -> Trace:
+    """Fill ``trace.proposals`` by walking each drafter along the target's tokens.
+
+    Drafters that keep global state (the suffix tree's past outputs) learn from the
+    request when it ends, as in serving: record prompts in serving order."""
+    for name, drafter in drafters.items():
+        session = drafter.start(trace.prompt_ids)
+        proposals, matches = [], []
+        for token in trace.target:
+            draft = session.propose(max_len)
+            proposals.append([int(t) for t in draft.token_ids])
+            matches.append(int(getattr(draft, "match_len", 0)))
+            session.observe([token])
+        session.close(finished=True)
+        trace.proposals[name], trace.match_len[name] = proposals, matches
+    return trace
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ReplayEngine:
+    """Verifies drafts against the recorded greedy tokens; each call advances the clock
+    by the platform's cost of a round feeding 1 + gamma tokens (prefill: by the prompt's
+    tokens at the one-token rate ``prefill_per_token`` x cost(1))."""
+
+    provides_hidden_states = False
+
+    def __init__(self, traces: Sequence[Trace], platform: CostModel, clock: VirtualClock, *,
+                 eos_id: int, vocab_size: int = 1 << 20, max_context: int = 1 << 20,
+                 prefill_per_token: float = 0.02):
+        self._by_prompt = {tuple(t.prompt_ids): t for t in traces}
+        self._lengths = sorted({len(t.prompt_ids) for t in traces}, reverse=True)
+        self._curve = platform.curve()
+        self._clock = clock
+        self.eos_id, self.vocab_size, self.max_context = eos_id, vocab_size, max_context
+        self._prefill = prefill_per_token
+        self._seen: set[tuple[int, ...]] = set()
+        self.calls = 0
+        self.tokens_fed = 0
+
+    def trace_for(self, input_ids: np.ndarray) -> tuple[Trace, int]:
+        for length in self._lengths:
+            if length > len(input_ids):
+                continue
+            trace = self._by_prompt.get(tuple(int(x) for x in input_ids[:length]))
+            if trace is not None:
+                return trace, len(input_ids) - length
+        raise KeyError("no trace for this prompt")
+
+    def verify(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]:
+        results = []
+        for request in requests:
+            trace, position = self.trace_for(np.asarray(request.input_ids))
+            draft = [int(t) for t in np.asarray(request.draft_ids).reshape(-1)]
+            target = trace.target
+            accepted = 0
+            while accepted < len(draft) and position + accepted < len(target) and draft[accepted] == target[position + accepted]:
+                accepted += 1
+            if position + accepted >= len(target):
+                raise RuntimeError("the replay ran past the recorded output (max_tokens must not exceed it)")
+            output = draft[:accepted] + [target[position + accepted]]
+            k = min(1 + len(draft), len(self._curve) - 1)
+            seconds = self._curve[k]
+            key = tuple(trace.prompt_ids)
+            if key not in self._seen:  # first call of a request: the prompt's prefill
+                self._seen.add(key)
+                seconds += self._prefill * len(trace.prompt_ids) * self._curve[1]
+            self._clock.advance(seconds)
+            self.calls += 1
+            self.tokens_fed += 1 + len(draft)
+            results.append(VerifyResult(np.asarray(output, dtype=np.int32), accepted))
+        return results
+
+
+class ReplayDrafter:
+    """A cheap drafter that proposes what the real one proposed at this position."""
+
+    def __init__(self, name: str, traces: Sequence[Trace], clock: VirtualClock, propose_seconds: float = 0.0):
+        self.name = name
+        self._by_prompt = {tuple(t.prompt_ids): t for t in traces}
+        self._clock = clock
+        self._propose_seconds = propose_seconds
+
+    def start(self, prompt_ids: Sequence[int]) -> "_ReplaySession":
+        return _ReplaySession(self, self._by_prompt[tuple(int(t) for t in prompt_ids)])
+
+
+class _ReplaySession:
+    def __init__(self, drafter: ReplayDrafter, trace: Trace):
+        self._drafter, self._trace, self._position = drafter, trace, 0
+
+    def propose(self, max_len: int) -> Draft:
+        self._drafter._clock.advance(self._drafter._propose_seconds)
+        proposals = self._trace.proposals[self._drafter.name]
+        if self._position >= len(proposals):
+            return Draft()
+        tokens = proposals[self._position][:max_len]
+        return Draft(np.asarray(tokens, dtype=np.int32), None, self._trace.match_len[self._drafter.name][self._position])
+
+    def observe(self, new_tokens, hidden_states=None) -> None:
+        self._position += len(new_tokens)
+
+    def close(self, finished: bool) -> None:
+        return None
+
+
+def per_step_oracle_seconds(trace: Trace, curve: np.ndarray, max_len: int, drafters: Sequence[str],
+                            n: int | None = None) -> float:
+    """The fastest way to produce the first ``n`` target tokens in hindsight: the best
+    choice (plain, or a drafter and gamma) at every step, by dynamic programming over
+    positions; decode cost only (no prefill). A step at position i drafting gamma tokens
+    of which a are accepted produces a + 1 tokens and costs curve[1 + gamma]."""
+    n = len(trace.target) if n is None else n
+    best = np.full(n + 1, np.inf)
+    best[n] = 0.0
+    for i in range(n - 1, -1, -1):
+        value = curve[1] + best[i + 1]
+        for name in drafters:
+            proposal = trace.proposals[name][i]
+            accepted, matching = 0, True
+            for gamma in range(1, min(len(proposal), max_len, n - 1 - i) + 1):
+                if matching and proposal[gamma - 1] == trace.target[i + gamma - 1]:
+                    accepted = gamma
+                else:
+                    matching = False
+                value = min(value, curve[1 + gamma] + best[i + accepted + 1])
+        best[i] = value
+    return float(best[0])
+
+
+def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], platform: CostModel, *,
+                  max_draft_len: int, eos_id: int, make_decoder: Callable | None = None) -> dict:
+    """Run ``policy`` over the traces in order (one server: shared statistics carry over);
+    returns per-trace decode seconds (prefill excluded), steps, tokens and identity."""
+    from banditspec.config import GenerationRequest, Limits
+    from banditspec.decoding import SpeculativeDecoder, run_to_completion
+
+    clock = VirtualClock()
+    engine = ReplayEngine(traces, platform, clock, eos_id=eos_id)
+    drafter_names = sorted({a.partition("@")[0] for a in arms if a != "vanilla"})
+    drafters = {d: ReplayDrafter(d, traces, clock) for d in drafter_names}
+    decoder = SpeculativeDecoder(
+        drafters=drafters, vocab_size=engine.vocab_size, max_context=engine.max_context, eos_id=eos_id,
+        default_arms=list(arms), limits=Limits(max_tokens=1 << 20, max_prompt_tokens=1 << 20),
+        drafter_deadline_s=None, clock=clock,
+    )
+    rows = []
+    for trace in traces:
+        ends_with_eos = bool(trace.target) and trace.target[-1] == eos_id
+        max_tokens = len(trace.target) - (1 if ends_with_eos else 0)
+        if max_tokens < 1:
+            continue
+        request = GenerationRequest(prompt_ids=trace.prompt_ids, max_tokens=max_tokens, policy=policy,
+                                    max_draft_len=max_draft_len)
+        session = decoder.start(request)
+        start = clock.now
+        prefill = engine._prefill * len(trace.prompt_ids) * engine._curve[1]
+        result = run_to_completion(engine, session)
+        expected = trace.target[:max_tokens]
+        rows.append({
+            "kind": trace.kind,
+            "seconds": clock.now - start - prefill,
+            "tokens": len(result.token_ids),
+            "steps": result.stats.steps,
+            "identical": result.token_ids == expected,
+            "arms": list(result.stats.arms),
+            "drafted": list(result.stats.drafted),
+            "accepted": list(result.stats.accepted),
+        })
+    return {"rows": rows, "cost_model": decoder.cost_model.as_dict()}

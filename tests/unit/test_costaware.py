@@ -1,0 +1,211 @@
+"""The costaware controller, its cost model, and the two reward defects it came with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from banditspec.bandits.cost_model import CostModel, calibrate
+from banditspec.bandits.costaware import Candidate, CostAwarePolicy, HazardCounts, SharedAcceptance
+from banditspec.batching import make_gamma_budget
+from banditspec.config import GenerationRequest
+from banditspec.decoding import SpeculativeDecoder, run_to_completion
+from banditspec.replay import VirtualClock
+from banditspec.rewards import ThroughputReward
+from tests.mock_engine import MockEngine
+from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
+
+PROMPT = [3, 4, 5, 6, 7]
+
+
+class TimedEngine:
+    """A MockEngine whose calls advance a virtual clock by a cost curve (seconds per k fed)."""
+
+    def __init__(self, engine: MockEngine, clock: VirtualClock, relative: list[float], one: float = 0.05):
+        self.engine, self.clock, self.relative, self.one = engine, clock, relative, one
+        self.vocab_size, self.max_context, self.eos_id = engine.vocab_size, engine.max_context, engine.eos_id
+        self.provides_hidden_states = False
+        self.fed: list[int] = []
+
+    def verify(self, requests):
+        for request in requests:
+            k = 1 + len(request.draft_ids)
+            self.fed.append(k)
+            self.clock.advance(self.one * self.relative[min(k, len(self.relative)) - 1])
+        return self.engine.verify(requests)
+
+
+def timed_decoder(relative, **drafter_fns):
+    clock = VirtualClock()
+    engine = TimedEngine(MockEngine(), clock, relative)
+    drafters = {name: ScriptedDrafter(name, fn(engine.engine)) for name, fn in drafter_fns.items()}
+    decoder = SpeculativeDecoder(drafters=drafters, vocab_size=engine.vocab_size, max_context=engine.max_context,
+                                 eos_id=engine.eos_id, drafter_deadline_s=None, clock=clock,
+                                 cost_model=CostModel.fixed(relative, 0.05))
+    return decoder, engine
+
+
+STEEP = [1.0, 1.6, 2.0, 2.4, 2.8, 3.2, 3.6, 4.0, 4.4] + [4.8 + 0.4 * i for i in range(8)]
+FLAT = [1.0 + 0.02 * i for i in range(17)]
+
+
+# --- the cost model ---------------------------------------------------------------------
+
+
+def test_cost_model_median_ignores_outliers_and_fills_unobserved_k_monotonically():
+    model = CostModel(9, min_observations=3)
+    for seconds in (0.050, 0.051, 0.049, 5.0):  # one outlier (a GC pause, a cache miss)
+        model.observe(1, seconds)
+    for seconds in (0.070, 0.071, 0.069):
+        model.observe(3, seconds)
+    curve = model.curve()
+    assert curve[1] == pytest.approx(0.0505, abs=1e-3)
+    assert curve[3] == pytest.approx(0.070, abs=1e-3)
+    assert curve[2] == pytest.approx((curve[1] + curve[3]) / 2, abs=2e-3)  # the line through the medians
+    assert all(np.diff(curve[1:]) >= 0)
+    assert curve[9] > curve[3]
+
+
+def test_cost_model_prior_until_observed_and_calibration():
+    model = CostModel(5, prior_one_token_seconds=0.1, prior_slope=0.5)
+    assert model.relative() == pytest.approx([1.0, 1.5, 2.0, 2.5, 3.0])
+    calibrate(model, lambda k: 0.02 + 0.001 * k)
+    assert model.calibrated
+    assert model.verify_seconds(4) == pytest.approx(0.024)
+    assert model.as_dict()["observations"] == [3] * 5
+
+
+# --- decisions ----------------------------------------------------------------------------
+
+
+def test_plain_decoding_when_no_draft_pays_and_long_drafts_when_they_do():
+    shared = SharedAcceptance(4)
+    steep = CostModel.fixed(STEEP[:5])
+    policy = CostAwarePolicy(["d"], 4, steep, shared)
+    for _ in range(50):  # a drafter right 30 % of the time at each position
+        policy.record("d", 0, 4, 0, 4)
+    for _ in range(20):
+        policy.record("d", 0, 4, 1, 4)
+    assert policy.choose([Candidate("d", 4)], 4).drafter is None  # 1.3 tokens cannot pay 1.6x
+
+    flat = CostModel.fixed(FLAT[:5])
+    good = CostAwarePolicy(["d"], 4, flat, SharedAcceptance(4))
+    for _ in range(40):
+        good.record("d", 0, 4, 4, 4)
+    choice = good.choose([Candidate("d", 4)], 4)
+    assert (choice.drafter, choice.gamma) == ("d", 4)
+    assert good.choose([Candidate("d", 2)], 4).gamma == 2  # never more than the proposal holds
+    assert good.choose([Candidate("d", 4)], 0).drafter is None  # a gamma cap of 0 means plain
+
+
+def test_context_buckets_are_learned_separately():
+    policy = CostAwarePolicy(["d"], 4, CostModel.fixed(STEEP[:5]), None)
+    for _ in range(40):
+        policy.record("d", 3, 4, 4, 4)  # long matches: always right
+        policy.record("d", 1, 4, 0, 4)  # one-token matches: always wrong
+    assert policy.choose([Candidate("d", 4, bucket=3)], 4).gamma >= 3
+    assert policy.choose([Candidate("d", 4, bucket=1)], 4).drafter is None
+
+
+def test_costly_drafter_gets_tried_then_dropped_when_it_fails():
+    policy = CostAwarePolicy(["eagle"], 4, CostModel.fixed(STEEP[:5]), None)
+    assert policy.choose([Candidate("eagle", 4, costly=True)], 4).drafter == "eagle"  # optimism
+    for _ in range(60):
+        policy.record("eagle", 0, 4, 0, 4)
+    assert policy.choose([Candidate("eagle", 4, costly=True)], 4).drafter is None
+
+
+def test_hazard_counts_respect_censoring():
+    counts = HazardCounts(4)
+    counts.record(0, proposed=4, accepted=1, known=4)  # position 1 right, 2 wrong, 3-4 never offered
+    assert counts.offered[0].tolist() == [1, 1, 0, 0] and counts.accepted[0].tolist() == [1, 0, 0, 0]
+    counts.record(0, proposed=4, accepted=2, known=2)  # request ended after 2 known tokens
+    assert counts.offered[0].tolist() == [2, 2, 0, 0] and counts.accepted[0].tolist() == [2, 1, 0, 0]
+
+
+# --- the loop -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("relative", [STEEP, FLAT], ids=["steep", "flat"])
+def test_costaware_is_lossless_and_learns_from_every_cheap_drafter(relative):
+    decoder, engine = timed_decoder(relative, right=oracle, wrong=always_wrong)
+    expected = engine.engine.vanilla(PROMPT, 60)
+    session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=60, arms=["wrong", "right"], max_draft_len=4))
+    result = run_to_completion(engine, session)
+    assert result.token_ids == expected
+    shared = decoder.shared_acceptance.as_dict()
+    # full information: both drafters were scored at every step, whichever was chosen
+    assert shared["wrong"]["offered"][0] == pytest.approx(shared["right"]["offered"][0], rel=0.2)
+    assert shared["wrong"]["accept_rate"][0] == 0.0 and shared["right"]["accept_rate"][0] == 1.0
+    chosen = [a for a in result.stats.arms[3:-1]]  # the last step: one token left, nothing to draft
+    assert all(a.startswith("right@") for a in chosen)
+    assert result.stats.as_dict()["steps"] < 60 / 2
+
+
+def test_costaware_plain_decoding_when_drafts_are_wrong_and_verify_is_steep():
+    decoder, engine = timed_decoder(STEEP, wrong=always_wrong)
+    session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=40, arms=["wrong"], max_draft_len=4))
+    result = run_to_completion(engine, session)
+    assert result.token_ids == engine.engine.vanilla(PROMPT, 40)
+    assert result.stats.arms.count("vanilla") >= 38  # at most a try or two before the first score arrives
+    assert engine.fed.count(1) >= 38
+
+
+def test_warm_start_from_the_server_statistics_and_determinism():
+    decoder, engine = timed_decoder(STEEP, right=oracle, wrong=always_wrong)
+    request = GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["wrong", "right"], max_draft_len=4)
+    run_to_completion(engine, decoder.start(request))
+    second = run_to_completion(engine, decoder.start(request))
+    assert second.stats.arms[0] == "right@4"  # the first step already knows which drafter is right
+    third = run_to_completion(engine, decoder.start(request))
+    assert third.stats.arms == second.stats.arms  # same statistics + cost model -> same choices
+
+
+def test_costaware_stats_report_the_cost_model():
+    decoder, engine = timed_decoder(FLAT, right=oracle)
+    session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=10, arms=["right"], max_draft_len=4))
+    run_to_completion(engine, session)
+    stats = session.controller_stats()
+    assert stats["policy"] == "costaware" and stats["cost_model"]["relative"][:3] == pytest.approx(FLAT[:3], abs=1e-3)
+
+
+# --- defects of the paper-faithful policies -------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["ucbspec", "exp3spec"])
+def test_a_server_gamma_cap_below_the_arms_gamma_still_rewards_the_policy(policy):
+    """Defect: with a server-wide cap of 2 under arms of gamma 4, no round was rewarded
+    and UCBSpec stayed on arm 0 (always wrong) for 399 of 400 steps."""
+    engine = MockEngine()
+    drafters = {"wrong": ScriptedDrafter("wrong", always_wrong(engine)), "right": ScriptedDrafter("right", oracle(engine))}
+    decoder = SpeculativeDecoder.for_engine(engine, drafters, budget=make_gamma_budget("fixed:2", 4))
+    session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=400, policy=policy,
+                                              arms=["wrong@4", "right@4"], max_draft_len=4))
+    result = run_to_completion(engine, session)
+    assert result.token_ids == engine.vanilla(PROMPT, 400)
+    assert max(result.stats.drafted) == 2
+    assert result.stats.arms.count("right@4") > result.stats.arms.count("wrong@4")
+
+
+def test_throughput_reward_has_a_fixed_yardstick_and_a_bounded_range():
+    """Defect: it normalised by the request's fastest step so far (a moving target)."""
+    model = CostModel.fixed([1.0, 1.5, 2.0], 0.05)
+    reward = ThroughputReward(model, max_draft_len=2)
+    first = reward(2, 0.10)  # 3 tokens in twice a plain step: 1.5x plain
+    assert first == pytest.approx(1.5)
+    reward(0, 0.01)  # a very fast step must not move the yardstick
+    assert reward(2, 0.10) == pytest.approx(first)
+    assert reward(2, 1e-9) == 3.0 and reward(0, 10.0) >= 0.0
+
+
+def test_first_step_is_not_rewarded_under_the_throughput_reward():
+    engine = MockEngine()
+    drafters = {"right": ScriptedDrafter("right", oracle(engine))}
+    decoder = SpeculativeDecoder.for_engine(engine, drafters)
+    session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=20, policy="ucbspec",
+                                              arms=["right@2"], reward="throughput", max_draft_len=2))
+    rewarded_at = []  # the step index of each update (stats are appended after it)
+    original = session.policy.update
+    session.policy.update = lambda arm, value: (rewarded_at.append(session.stats.steps), original(arm, value))
+    run_to_completion(engine, session)
+    assert rewarded_at and 0 not in rewarded_at and rewarded_at[0] == 1
