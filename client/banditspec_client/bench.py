@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated: vanilla, pld, suffix, rest, "
                         "eagle (optionally @GAMMA), ucbspec, exp3spec (optionally :accepted|:throughput)")
     parser.add_argument("--prompts", type=int, default=None, help=f"prompts per workload (default {FULL['prompts']})")
+    parser.add_argument("--prompts-file", type=Path, default=None,
+                        help='your own traffic: JSONL of {"kind", "prompt"} lines (each kind is a workload)')
     parser.add_argument("--max-tokens", type=int, default=None, help=f"tokens per request (default {FULL['max_tokens']})")
     parser.add_argument("--drafters", default=",".join(FIXED_DRAFTERS),
                         help="drafters the adaptive methods choose among (those the stack can serve)")
@@ -174,7 +176,14 @@ def run(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods, args.reward)
     out = args.out or _default_out()
     out.mkdir(parents=True, exist_ok=True)
-    prompt_lists = {w: load_workload(w, n_prompts, seed=args.seed) for w in workloads}
+    if args.prompts_file is not None:
+        from banditspec_client.workloads import load_prompts_file
+
+        prompt_lists: dict = {}
+        for prompt in load_prompts_file(args.prompts_file):
+            prompt_lists.setdefault(prompt.workload, []).append(prompt)
+    else:
+        prompt_lists = {w: load_workload(w, n_prompts, seed=args.seed) for w in workloads}
     started = time.time()
     runner = _make_runner(args, methods, out)
     try:

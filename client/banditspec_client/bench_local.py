@@ -80,9 +80,12 @@ class InProcessRunner:
             drafters = dict(self.shared_drafters)
             if method.needs_suffix_state and "suffix" in drafters:
                 drafters.update(self._build(["suffix"]))  # a private global trie
-            self._decoders[method.name] = SpeculativeDecoder.for_engine(
-                self.engine, drafters, default_arms=self.adaptive_arms
-            )
+            decoder = SpeculativeDecoder.for_engine(self.engine, drafters, default_arms=self.adaptive_arms)
+            if method.policy == "costaware":
+                from banditspec.runtime import calibrate_cost_model
+
+                calibrate_cost_model(decoder, self.engine)  # as load_local does: its cost model
+            self._decoders[method.name] = decoder
         return self._decoders[method.name]
 
     def run(self, prompt: Prompt, method: Method, max_tokens: int) -> RunRecord:

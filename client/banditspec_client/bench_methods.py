@@ -20,8 +20,8 @@ from banditspec.config import REWARD_CHOICES
 from banditspec.errors import BanditSpecValidationError
 
 FIXED_DRAFTERS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")
-ADAPTIVE_POLICIES: tuple[str, ...] = ("ucbspec", "exp3spec")
-DEFAULT_METHODS = "vanilla,pld,suffix,rest,eagle,ucbspec,exp3spec"
+ADAPTIVE_POLICIES: tuple[str, ...] = ("costaware", "ucbspec", "exp3spec")
+DEFAULT_METHODS = "vanilla,pld,suffix,rest,eagle,costaware,ucbspec,exp3spec"
 VANILLA = "vanilla"
 
 

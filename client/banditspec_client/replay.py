@@ -49,18 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _prompts(args) -> list[tuple[str, str]]:
-    if args.prompts_file is not None:
-        out = []
-        for number, line in enumerate(args.prompts_file.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            item = json.loads(line)
-            if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
-                raise SystemExit(f"{args.prompts_file}:{number}: expected {{\"kind\": ..., \"prompt\": \"...\"}}")
-            out.append((str(item.get("kind", "user")), item["prompt"]))
-        return out
-    from banditspec_client.workloads import load_workload
+    from banditspec_client.workloads import load_prompts_file, load_workload
 
+    if args.prompts_file is not None:
+        return [(p.kind, p.text) for p in load_prompts_file(args.prompts_file)]
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     kinds = [w for w in names if w != "mixed"] or ["code", "code-edit", "chat"]
     lists = [[(p.kind, p.text) for p in load_workload(kind, args.prompts)] for kind in kinds]
@@ -79,8 +71,9 @@ def _greedy_batched(engine, prompts: list[list[int]], max_tokens: int, batch: in
     fast, head, eos = engine._fast, engine._lm_head, engine.eos_id
     outputs: list[list[int]] = [[] for _ in prompts]
     bar = tqdm(total=len(prompts), desc="recording target outputs")
+    by_length = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # little padding per batch
     for lo in range(0, len(prompts), batch):
-        rows = list(range(lo, min(lo + batch, len(prompts))))
+        rows = by_length[lo : lo + batch]
         width = max(len(prompts[i]) for i in rows)
         ids = torch.zeros((len(rows), width), dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.bool)

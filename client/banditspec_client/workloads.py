@@ -129,6 +129,29 @@ def load_workload(name: str, n: int | None = None, *, seed: int = 0) -> list[Pro
     return mixed[:n]
 
 
+def load_prompts_file(path) -> list[Prompt]:
+    """A user's own prompts: a JSONL file of ``{"kind": "...", "prompt": "..."}`` lines
+    (kind optional, default "user"); each kind becomes a workload."""
+    import json
+    from pathlib import Path
+
+    prompts: list[Prompt] = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BanditSpecValidationError("prompts_file", f"{path}:{number}: not JSON ({exc.msg})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
+            raise BanditSpecValidationError("prompts_file", f'{path}:{number}: expected {{"kind": ..., "prompt": "..."}}')
+        kind = str(item.get("kind") or "user")
+        prompts.append(Prompt(kind, kind, f"{Path(path).name}:{number}", item["prompt"]))
+    if not prompts:
+        raise BanditSpecValidationError("prompts_file", f"{path}: no prompts")
+    return prompts
+
+
 def parse_workloads(text: str) -> list[str]:
     """``"code,chat"`` or ``"all"`` -> workload names, validated."""
     names = list(WORKLOADS) if text.strip() == "all" else [w.strip() for w in text.split(",") if w.strip()]

@@ -72,6 +72,9 @@ class SpeculationStats:
     dropped_arms: dict[str, str] = field(default_factory=dict)  # arm -> reason
     generated_tokens: int = 0
     controller: dict | None = None  # costaware: the cost model the request decided with
+    # KV-cache blocks the target reused / allocated (engines that report it: TensorRT-LLM)
+    kv_cache_reused_blocks: int | None = None
+    kv_cache_alloc_new_blocks: int | None = None
 
     @property
     def steps(self) -> int:
@@ -101,6 +104,9 @@ class SpeculationStats:
             "per_arm": per_arm,
             "dropped_arms": dict(self.dropped_arms),
             **({"controller": self.controller} if self.controller is not None else {}),
+            **({"kv_cache_reused_blocks": self.kv_cache_reused_blocks,
+                "kv_cache_alloc_new_blocks": self.kv_cache_alloc_new_blocks}
+               if self.kv_cache_reused_blocks is not None else {}),
         }
 
 
@@ -380,6 +386,10 @@ class DecodingSession:
             except Exception as exc:
                 self._drop_drafter(session_name, f"observe failed: {type(exc).__name__}")
         self._append(output)
+        for name in ("kv_cache_reused_blocks", "kv_cache_alloc_new_blocks"):
+            value = getattr(result, name, None)
+            if value is not None:
+                setattr(self.stats, name, (getattr(self.stats, name) or 0) + int(value))
         elapsed = self._clock() - start
         self._decoder.budget.record_step(gamma, len(output), elapsed)
         if not first_step:  # the first step also prefills the prompt: not a round's cost

@@ -66,6 +66,34 @@ def build_drafters(
     return drafters
 
 
+def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int = 9, reps: int = 3,
+                         cached: int = 256, seed: int = 0) -> None:
+    """Seed the decoder's cost model with timed verify calls of the in-process engine:
+    ``reps`` x k = 1..max_tokens new tokens after ``cached`` cached tokens (~1-3 s)."""
+    import numpy as np
+
+    from banditspec.bandits.cost_model import calibrate
+    from banditspec.engine.contract import VerifyRequest
+
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(100, min(20000, engine.vocab_size), size=cached).astype(np.int32)
+    engine.verify([VerifyRequest(prefix, np.zeros(0, np.int32))])  # caches the prefix
+
+    def timed(k: int) -> float:
+        tail = rng.integers(100, min(20000, engine.vocab_size), size=k).astype(np.int32)
+        start = decoder.clock()
+        engine.verify([VerifyRequest(np.concatenate([prefix, tail[:1]]), tail[1:])])
+        return decoder.clock() - start
+
+    model = decoder.cost_model
+    top = min(max_tokens, model.max_tokens)
+    for _ in range(reps):
+        for k in range(1, top + 1):
+            model.observe(k, timed(k))
+    model.calibrated = True
+    engine.clear()
+
+
 @dataclass
 class LocalStack:
     engine: object
@@ -89,4 +117,5 @@ def load_local(
     drafter_names = sorted({a.partition("@")[0] for a in arms if a != "vanilla"})
     drafters = build_drafters(drafter_names, tokenizer, target_model=engine.model)
     decoder = SpeculativeDecoder.for_engine(engine, drafters, default_arms=[a for a in arms if a.partition("@")[0] in drafters], limits=limits)
+    calibrate_cost_model(decoder, engine)
     return LocalStack(engine, decoder, tokenizer, model)

@@ -54,6 +54,9 @@ class ServingMetrics:
         failures = self.stats.record_request(outcome, dropped)
         if self.exporter is not None:
             self.exporter.record_request(outcome, failures)
+            controller = getattr(speculation_stats, "controller", None)
+            if controller and "cost_model" in controller:
+                self.exporter.set_cost_curve(controller["cost_model"]["verify_ms"])
         if self.summary is not None:
             self.summary.maybe_log()
 

@@ -65,7 +65,15 @@ DRAFTER_FAILURES = MetricSpec(
     COUNTER,
     ("drafter", "kind"),
 )
+VERIFY_COST = MetricSpec(
+    "nv_banditspec_verify_cost_seconds",
+    "The costaware controller's cost model: seconds of a decoding round that feeds the target this many "
+    "tokens (1 + gamma), calibrated online from measured verify times",
+    GAUGE,
+    ("tokens",),
+)
 SERVING_SPECS = (
+    VERIFY_COST,
     REQUESTS,
     ACTIVE_SEQUENCES,
     ARM_PULLS,
@@ -145,6 +153,7 @@ class PrometheusMetrics:
             raise BanditSpecValidationError("max_draft_len", f"must be an integer >= 1, got {max_draft_len!r}")
         buckets = [float(n) for n in range(max_draft_len + 1)]  # le="0" .. le="L": one bucket per length
         self._registry = _Registry(factory, SERVING_SPECS, model=model, version=version, buckets=buckets)
+        self._max_tokens = max_draft_len + 1
         self._lock = threading.Lock()  # one update at a time (each is an IPC call to the server)
         for outcome in outcomes:  # zero-valued series, so that rates work from the first scrape
             self._registry.metric(REQUESTS, outcome=outcome)
@@ -173,6 +182,12 @@ class PrometheusMetrics:
     def set_active(self, sequences: int) -> None:
         with self._lock:
             self._registry.metric(ACTIVE_SEQUENCES).set(sequences)
+
+    def set_cost_curve(self, verify_ms) -> None:
+        """verify_ms[k - 1]: the cost model's milliseconds for a round feeding k tokens."""
+        with self._lock:
+            for k, ms in enumerate(verify_ms[: self._max_tokens], start=1):
+                self._registry.metric(VERIFY_COST, tokens=str(k)).set(float(ms) / 1e3)
 
     def close(self) -> None:
         self._registry.close()
