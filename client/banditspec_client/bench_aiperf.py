@@ -47,6 +47,17 @@ TOOL_NOTES = """## Which tool, and why
 """
 
 
+def server_default_policy(triton_url: str) -> str:
+    """The ``default_policy`` parameter of the served ``banditspec`` model (what "default" ran)."""
+    try:
+        import tritonclient.grpc as grpcclient
+
+        config = grpcclient.InferenceServerClient(triton_url).get_model_config("banditspec", as_json=True)["config"]
+        return config["parameters"]["default_policy"]["string_value"]
+    except Exception as exc:  # the table still says "default"
+        return f"unknown ({type(exc).__name__})"
+
+
 def write_prompts(path: Path, workload: str, n: int) -> None:
     from banditspec_client.workloads import load_workload
 
@@ -108,6 +119,7 @@ def report(results: list[dict], meta: dict) -> str:
         f"aiperf {meta['aiperf_version']}, chat endpoint, streaming, greedy (temperature 0), "
         f"{meta['output_tokens']} output tokens asked per request (fewer when the model ends the answer), "
         f"prompts: the first {meta['prompts']} of the `{meta['workload']}` workload in order. "
+        f"`default` is the server's default policy, `{meta.get('default_policy', 'unknown')}`; `vanilla` is plain decoding. "
         "Times in ms (mean / p50 / p90 / p99); output tok/s is the whole run's output tokens per second.",
         "",
         "Load average (1 min) of the machine before/after each run is in the last column: other work shared "
@@ -153,6 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-requests", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/aiperf"), help="table, results.json, prompts")
     parser.add_argument("--artifacts", type=Path, default=Path(".cache/banditspec/aiperf"), help="aiperf's raw exports")
+    parser.add_argument("--triton-url", default="localhost:8001", help="to read the server's default_policy")
     parser.add_argument("--report-only", action="store_true", help="only re-render README.md from results.json")
     parser.add_argument("--machine", default="the project's 2-core CPU machine (shared), SmolLM2-135M reference engine")
 
@@ -197,6 +210,7 @@ def run(args) -> int:
         "output_tokens": args.output_tokens,
         "prompts": args.prompts,
         "workload": args.workload,
+        "default_policy": server_default_policy(args.triton_url),
     }
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     (args.out / "README.md").write_text(report(results, meta))
