@@ -101,7 +101,9 @@ def read_metrics(artifacts: Path) -> dict:
         entry = data.get(tag)
         if isinstance(entry, dict):
             out[tag] = {k: entry.get(k) for k in ("avg", "p50", "p90", "p99", "min", "max", "unit")}
-    out["error_request_count"] = (data.get("error_request_count") or {}).get("avg", 0)
+    errors = data.get("error_summary") or []
+    out["error_request_count"] = sum(int(e.get("count", 1)) if isinstance(e, dict) else 1 for e in errors)
+    out["complete"] = bool(data.get("is_complete")) and not data.get("was_cancelled")
     out["request_count"] = (data.get("request_count") or {}).get("avg")
     return out
 
@@ -173,6 +175,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if args.report_only:  # re-render README.md from results.json
         data = json.loads((args.out / "results.json").read_text())
+        for r in data["results"]:  # re-read aiperf's exports where they are still there
+            artifacts = args.artifacts / f"{r['policy']}-c{r['concurrency']}"
+            if artifacts.exists():
+                r["metrics"] = read_metrics(artifacts)
+        (args.out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
         (args.out / "README.md").write_text(report(data["results"], data["meta"]))
         return 0
     if not args.tokenizer:
