@@ -37,6 +37,7 @@ class TritonPythonModel:
             params.get("target_model", "smollm2"),
             max_context=int(params.get("max_context", "2048")),
             cache_entries=int(params.get("cache_entries", "16")),
+            kernels=params.get("kernels", "fast"),  # fast | transformers (both exact fp32) | int8 (not exact)
         )
         self.metrics = None  # the prefix KV cache as nv_banditspec_target_* gauges
         if hasattr(pb_utils, "MetricFamily"):

@@ -42,7 +42,7 @@ import torch
 from transformers import DynamicCache
 
 from banditspec.engine.contract import VerifyRequest, VerifyResult
-from banditspec.engine.fast_llama import FastLlama, PackedLinear
+from banditspec.engine.fast_llama import FastLlama, Int8Linear, PackedLinear
 from banditspec.engine.prefix_cache import LayerKV, PrefixCache, PrefixHit, cache_layers
 from banditspec.engine.sampling import (
     count_greedy_accepted,
@@ -53,7 +53,7 @@ from banditspec.engine.sampling import (
 from banditspec.errors import BanditSpecValidationError
 
 PAD_TOKEN = 0  # fed at right-padding positions; masked, its outputs discarded
-KERNELS = ("fast", "transformers")
+KERNELS = ("fast", "transformers", "int8")
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,11 @@ class ReferenceEngine:
         one for verify steps, so checking a draft costs little more than one token
         (``banditspec bench-engine`` prints the curve). "transformers" runs the model's
         own forward (with column-major weights: the engine before "fast", kept for comparison).
-        Both are fp32; greedy tokens agree up to float rounding.
+        "int8" is "fast" with int8 weights and dynamically quantized activations
+        (fbgemm): faster and flatter, but NOT exact: a token's logits depend slightly on
+        how many tokens a call carries, so speculative output may differ from this mode's
+        own plain decoding (``bench-engine`` measures how often).
+        "fast" and "transformers" are fp32; their greedy tokens agree up to float rounding.
         """
         config = model.config
         if not isinstance(max_context, int) or max_context < 2:
@@ -230,9 +234,9 @@ class ReferenceEngine:
         self.kernels = kernels
         self._fast: FastLlama | None = None
         self._head: PackedLinear | None = None
-        if kernels == "fast":
-            self._fast = FastLlama(model)
-            self._head = PackedLinear(model.lm_head.weight)
+        if kernels in ("fast", "int8"):
+            self._fast = FastLlama(model, int8=kernels == "int8")
+            self._head = Int8Linear(model.lm_head.weight) if kernels == "int8" else PackedLinear(model.lm_head.weight)
         else:
             # The previous engine: column-major views of the decoder's weights (same values;
             # torch's GEMM over a row-major weight is slower for a few rows) and of the LM head.
