@@ -92,3 +92,53 @@ def test_the_library_api_accepts_max_tokens_at_the_limit_and_rejects_one_past():
     validate_request(GenerationRequest([1, 2, 3], 7), max_context=10, vocab_size=257, limits=limits)
     with pytest.raises(BanditSpecValidationError, match="^max_tokens"):
         validate_request(GenerationRequest([1, 2, 3], 8), max_context=10, vocab_size=257, limits=limits)
+
+
+# --- every limit of validate_request / parse_arm at its boundary (found by scripts/mutation.sh) ---
+
+
+def check(request, limits=Limits(max_prompt_tokens=8), vocab_size=257):
+    validate_request(request, max_context=1024, vocab_size=vocab_size, limits=limits)
+
+
+def rejects(field, request, **kw):
+    with pytest.raises(BanditSpecValidationError) as failure:
+        check(request, **kw)
+    assert str(failure.value).startswith(field), str(failure.value)
+    return str(failure.value)
+
+
+def test_prompt_length_at_the_limit_is_served_and_one_past_is_rejected():
+    check(GenerationRequest([1] * 8, 4))
+    assert "prompt has 9 tokens, the limit is 8" in rejects("text_input", GenerationRequest([1] * 9, 4))
+
+
+def test_token_ids_must_lie_in_the_vocabulary():
+    check(GenerationRequest([0, 256], 4))
+    for bad in (-1, 257):
+        message = rejects("text_input", GenerationRequest([1, bad], 4))
+        assert message.endswith("token ids must be in 0..256")
+
+
+@pytest.mark.parametrize("value", [True, 3.0, "3"])
+def test_max_draft_len_must_be_an_int(value):
+    rejects("max_draft_len", GenerationRequest([1, 2], 4, max_draft_len=value))
+
+
+def test_seed_bounds():
+    for good in (0, 2**64 - 1):
+        check(GenerationRequest([1, 2], 4, seed=good))
+    for bad in (-1, 2**64):
+        rejects("random_seed", GenerationRequest([1, 2], 4, seed=bad))
+
+
+def test_arm_speculation_length_bounds():
+    from banditspec.config import ArmSpec, parse_arm
+
+    assert parse_arm("vanilla", 4, ["pld"]) == ArmSpec("", 0)
+    assert parse_arm("pld", 4, ["pld"]) == ArmSpec("pld", 4)
+    assert parse_arm("pld@1", 4, ["pld"]) == ArmSpec("pld", 1)
+    assert parse_arm("pld@4", 4, ["pld"]) == ArmSpec("pld", 4)
+    for bad in ("pld@0", "pld@5", "pld@-1"):
+        with pytest.raises(BanditSpecValidationError, match=r"^arms: .*must be in 1\.\.max_draft_len=4"):
+            parse_arm(bad, 4, ["pld"])
