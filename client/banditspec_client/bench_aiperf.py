@@ -150,6 +150,8 @@ def report(results: list[dict], meta: dict) -> str:
             ratios.append(f"concurrency {c}: {a['output_token_throughput']['avg'] / b['output_token_throughput']['avg']:.2f}x")
     if ratios:
         lines += ["", "Output tokens/s, default controller / plain decoding: " + ", ".join(ratios) + "."]
+    if meta.get("notes"):
+        lines += ["", "## Reading", "", meta["notes"]]
     lines += ["", TOOL_NOTES]
     return "\n".join(lines) + "\n"
 
