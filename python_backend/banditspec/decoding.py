@@ -309,7 +309,7 @@ class DecodingSession:
         assert controller is not None
         if limit <= 0:
             return None, Draft()
-        candidates, drafts = [], {}
+        candidates, drafts, costly = [], {}, []
         position = len(self._sequence)
         for index in list(self._available):
             arm = self.arms[index]
@@ -319,15 +319,19 @@ class DecodingSession:
             cap = min(arm.gamma, limit)
             if _is_costly(drafter):
                 per_token = self._draft_cost.get(arm.drafter, 0.0)
-                candidates.append(Candidate(arm.drafter, cap, 0, True, per_token))
+                costly.append(Candidate(arm.drafter, cap, 0, True, per_token))
                 continue
             draft = self._propose(arm, cap)
-            if draft is None or len(draft) == 0:
-                continue
-            bucket = context_bucket(draft.match_len)
-            drafts[index] = draft
-            self._open_proposals.append((arm.drafter, bucket, position, draft.token_ids.tolist(), 0))
-            candidates.append(Candidate(arm.drafter, len(draft), bucket))
+            if draft is not None and len(draft) > 0:
+                drafts[index] = draft
+        firsts = [int(d.token_ids[0]) for d in drafts.values()]
+        for index, draft in drafts.items():
+            agreed = firsts.count(int(draft.token_ids[0])) > 1
+            bucket = context_bucket(draft.match_len, agreed)
+            drafter_name = self.arms[index].drafter
+            self._open_proposals.append((drafter_name, bucket, position, draft.token_ids.tolist(), 0))
+            candidates.append(Candidate(drafter_name, len(draft), bucket))
+        candidates += costly
         choice = controller.choose(candidates, limit)
         if choice.drafter is None:
             return None, Draft()

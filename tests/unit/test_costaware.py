@@ -156,7 +156,7 @@ def test_warm_start_from_the_server_statistics_and_determinism():
     request = GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["wrong", "right"], max_draft_len=4)
     run_to_completion(engine, decoder.start(request))
     second = run_to_completion(engine, decoder.start(request))
-    assert second.stats.arms[0] == "right@4"  # the first step already knows which drafter is right
+    assert second.stats.arms[0].startswith("right@")  # the first step already knows which drafter is right
     third = run_to_completion(engine, decoder.start(request))
     assert third.stats.arms == second.stats.arms  # same statistics + cost model -> same choices
 

@@ -13,7 +13,7 @@ Acceptance model: per (drafter, context) a discrete hazard h_j = P(token j accep
 tokens 1..j-1 accepted, the draft offered j tokens), j = 1..L, estimated from decayed
 counts with a Beta prior; P(accepted >= j) = prod_{i <= j} h_i. The context is the
 drafter's own confidence: the length of the match its proposal came from (PLD n-gram,
-suffix depth, REST match), in buckets.
+suffix depth, REST match), in buckets, and whether another drafter agrees on the next token.
 
 Information: cheap drafters (PLD, suffix, REST) propose every round whether chosen or
 not; once the target's tokens at those positions are known, each proposal's would-be
@@ -38,11 +38,14 @@ import numpy as np
 from banditspec.bandits.cost_model import CostModel
 
 PLAIN = None  # the choice "no drafter, gamma 0"
-CONTEXT_BUCKETS = 4  # match length 0 (unknown), 1, 2, >= 3
+MATCH_BUCKETS = 4  # match length 0 (unknown), 1, 2, >= 3
+CONTEXT_BUCKETS = 2 * MATCH_BUCKETS  # x whether another drafter proposes the same next token
 
 
-def context_bucket(match_len: int) -> int:
-    return max(0, min(int(match_len), CONTEXT_BUCKETS - 1))
+def context_bucket(match_len: int, agreed: bool = False) -> int:
+    """The context of a proposal: its match length (bucketed) and whether another cheap
+    drafter, from its own evidence, proposes the same next token."""
+    return max(0, min(int(match_len), MATCH_BUCKETS - 1)) + (MATCH_BUCKETS if agreed else 0)
 
 
 class HazardCounts:
@@ -142,7 +145,7 @@ class CostAwarePolicy:
         *,
         prior_accept: float = 0.5,
         prior_reject: float = 1.5,
-        prior_weight: float = 30.0,
+        prior_weight: float = 5.0,
         optimism: float = 1.0,
     ):
         if max_len < 1:
