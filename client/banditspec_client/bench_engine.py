@@ -70,20 +70,24 @@ def _decode(engine, prompt: np.ndarray, tokens: int) -> tuple[list[int], float]:
 
 
 def _exact_in_blocks(engine, prompt: np.ndarray, greedy: list[int], block: int = 5) -> tuple[int, int]:
-    """(positions whose argmax from a block-of-5 verify equals one-token decoding, positions)."""
+    """(positions where a 5-token verify's argmax equals one-token decoding, positions checked).
+
+    The one-token greedy tokens are drafted 5 at a time; a verify accepts them up to the
+    first position whose argmax differs; decoding then resumes after that position, fed
+    the one-token greedy tokens (teacher forcing), so every position is checked once."""
     from banditspec.engine.contract import VerifyRequest
 
     engine.clear()
     agree = total = 0
-    sequence = list(prompt)
-    for start in range(0, len(greedy) - block, block):
+    start = 0
+    while start + block <= len(greedy):
         draft = np.asarray(greedy[start : start + block], dtype=np.int32)
-        (result,) = engine.verify([VerifyRequest(np.asarray(sequence, dtype=np.int32), draft)])
-        agree += result.num_accepted  # accepted = argmax equals the one-token greedy token
-        total += block
-        if result.num_accepted < block:
-            break
-        sequence += draft.tolist()
+        sequence = np.asarray(list(prompt) + greedy[:start], dtype=np.int32)
+        (result,) = engine.verify([VerifyRequest(sequence, draft)])
+        checked = min(block, result.num_accepted + 1)
+        agree += result.num_accepted
+        total += checked
+        start += checked
     return agree, total
 
 

@@ -159,11 +159,14 @@ class CostAwarePolicy:
         self.local = {d: HazardCounts(max_len) for d in drafters}
         # Warm start: the server's counts, scaled down to at most prior_weight per position.
         self.prior: dict[str, HazardCounts] = {}
+        self.evidence: dict[str, np.ndarray] = {}  # uncapped server counts: how sure the server is
         for d in drafters:
             snap = shared.snapshot(d) if shared is not None else None
             if snap is None:
                 continue
             width = min(max_len, snap.max_len)
+            self.evidence[d] = np.zeros((CONTEXT_BUCKETS, max_len))
+            self.evidence[d][:, :width] = snap.offered[:, :width]
             prior = HazardCounts(max_len)
             scale = np.minimum(1.0, prior_weight / np.maximum(snap.offered[:, :width], 1e-9))
             prior.offered[:, :width] = snap.offered[:, :width] * scale
@@ -182,7 +185,11 @@ class CostAwarePolicy:
             accepted += prior.accepted[bucket]
         hazard = (accepted + self._a0) / (offered + self._a0 + self._b0)
         if optimistic:
-            bonus = self._optimism * np.sqrt(math.log(self.rounds + 2) / (offered + 1.0))
+            # Exploration is server-wide: a drafter the server has already tried many times
+            # is not re-explored by every request (its capped prior alone would invite that).
+            evidence = self.evidence.get(drafter)
+            seen = self.local[drafter].offered[bucket] + (evidence[bucket] if evidence is not None else 0.0)
+            bonus = self._optimism * np.sqrt(math.log(self.rounds + 2) / (seen + 1.0))
             hazard = np.minimum(1.0, hazard + bonus)
         return np.cumprod(hazard)
 
