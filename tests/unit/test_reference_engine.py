@@ -466,3 +466,33 @@ def test_smollm2_speculative_and_batched_greedy_equal_generate():
     for sequence, prompt, reference in zip(sequences, prompts, references):
         generated = sequence[len(prompt):]
         assert generated == reference[: len(generated)]
+
+
+def test_seeded_sampling_gives_the_same_text_whatever_was_drafted(varied_model):
+    """A deterministic draft is verified with plain decoding's own per-position draws, so a
+    seed's output does not depend on the policy (drafts right, wrong or partly right)."""
+    engine = ReferenceEngine(varied_model, max_context=512)
+    prompt = random_prompt(np.random.default_rng(21), 7)
+    sequence = list(prompt)
+    for _ in range(24):
+        sequence += step(engine, sequence, temperature=0.9, seed=5).output_ids.tolist()
+    plain = sequence[len(prompt):]
+    other_seed = list(prompt)
+    for _ in range(24):
+        other_seed += step(engine, other_seed, temperature=0.9, seed=6).output_ids.tolist()
+    assert other_seed[len(prompt):] != plain  # the seed matters
+    rng = np.random.default_rng(3)
+    for policy in ("right", "wrong", "mixed"):
+        engine.clear()
+        sequence = list(prompt)
+        while len(sequence) - len(prompt) < 24:
+            done = len(sequence) - len(prompt)
+            truth = plain[done : done + 4]
+            if policy == "wrong":
+                draft = [(t + 1) % 50 for t in truth]
+            elif policy == "mixed":
+                draft = truth[:2] + [int(rng.integers(0, 50))] * 2
+            else:
+                draft = truth
+            sequence += step(engine, sequence, draft, temperature=0.9, seed=5).output_ids.tolist()
+        assert sequence[len(prompt): len(prompt) + 24] == plain, policy

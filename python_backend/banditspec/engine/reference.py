@@ -46,6 +46,7 @@ from banditspec.engine.fast_llama import FastLlama, Int8Linear, PackedLinear
 from banditspec.engine.prefix_cache import LayerKV, PrefixCache, PrefixHit, cache_layers
 from banditspec.engine.sampling import (
     count_greedy_accepted,
+    coupled_sample,
     make_generator,
     speculative_sample,
     target_distribution,
@@ -388,8 +389,11 @@ class ReferenceEngine:
             next_token = int(target_tokens[num_accepted])
         else:
             p = target_distribution(row.logits, request.temperature)
-            generator = make_generator(request.seed, input_length)
-            outcome = speculative_sample(p, draft_ids, request.draft_probs, generator)
+            if request.draft_probs is None:  # a deterministic draft: plain decoding's own draws
+                outcome = coupled_sample(p, draft_ids, request.seed, input_length)
+            else:
+                generator = make_generator(request.seed, input_length)
+                outcome = speculative_sample(p, draft_ids, request.draft_probs, generator)
             num_accepted, next_token = outcome.num_accepted, outcome.next_token
         output_ids = np.append(draft_ids[:num_accepted], next_token).astype(np.int32)
         eos_positions = np.flatnonzero(draft_ids[:num_accepted] == request.end_id)

@@ -100,6 +100,26 @@ class SamplingOutcome:
     next_token: int
 
 
+def coupled_sample(p: torch.Tensor, draft_ids: np.ndarray, seed: int, input_length: int) -> SamplingOutcome:
+    """Verification of a deterministic draft that samples exactly what plain decoding samples.
+
+    p: float64 [gamma + 1, vocab] target distributions after each draft prefix. Position i
+    draws its token from p[i] with the generator of (seed, input_length + i), the very draw
+    plain decoding makes at that sequence length; the draft is accepted while it equals
+    those draws. Each emitted token is thus a draw from the target's distribution given its
+    prefix (lossless in distribution), and the output for a seed does not depend on which
+    drafts were verified: the same seed gives the same text under every policy.
+    """
+    gamma = len(draft_ids)
+    if p.shape[0] != gamma + 1:
+        raise ValueError(f"p must have gamma + 1 = {gamma + 1} rows, got {p.shape[0]}")
+    for i in range(gamma + 1):
+        token = int(torch.multinomial(p[i], 1, generator=make_generator(seed, input_length + i)))
+        if i == gamma or token != int(draft_ids[i]):
+            return SamplingOutcome(i, token)
+    raise AssertionError("unreachable")
+
+
 def speculative_sample(
     p: torch.Tensor,
     draft_ids: np.ndarray,
