@@ -102,6 +102,10 @@ class ReplayEngine:
         self.calls = 0
         self.tokens_fed = 0
 
+    def prefill_seconds(self, trace: Trace) -> float:
+        """What a request's first call adds for its prompt (excluded from decode time)."""
+        return self._prefill * len(trace.prompt_ids) * self._curve[1]
+
     def trace_for(self, input_ids: np.ndarray) -> tuple[Trace, int]:
         for length in self._lengths:
             if length > len(input_ids):
@@ -128,7 +132,7 @@ class ReplayEngine:
             key = tuple(trace.prompt_ids)
             if key not in self._seen:  # first call of a request: the prompt's prefill
                 self._seen.add(key)
-                seconds += self._prefill * len(trace.prompt_ids) * self._curve[1]
+                seconds += self.prefill_seconds(trace)
             self._clock.advance(seconds)
             self.calls += 1
             self.tokens_fed += 1 + len(draft)
@@ -218,7 +222,7 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
                                     max_draft_len=max_draft_len)
         session = decoder.start(request)
         start = clock.now
-        prefill = engine._prefill * len(trace.prompt_ids) * engine._curve[1]
+        prefill = engine.prefill_seconds(trace)
         result = run_to_completion(engine, session)
         expected = trace.target[:max_tokens]
         rows.append({

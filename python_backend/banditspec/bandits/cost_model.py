@@ -67,6 +67,7 @@ class CostModel:
             self._overhead_n += 1
             rate = max(0.05, 1.0 / self._overhead_n)
             self._overhead += rate * (float(seconds) - self._overhead)
+            self._cached = None
 
     # -- estimates -------------------------------------------------------------------
     def curve(self) -> np.ndarray:
