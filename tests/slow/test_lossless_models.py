@@ -37,7 +37,7 @@ def lossless_prompts() -> list[tuple[str, str]]:
 
 def methods(stack) -> list[str]:
     arms = [a for a in stack.decoder.drafters]
-    return ["ucbspec", "exp3spec", *[f"fixed:{a}" for a in arms]]  # gamma 1 / 8: tests/unit/test_decoding.py
+    return ["costaware", "ucbspec", "exp3spec", *[f"fixed:{a}" for a in arms]]  # gamma 1 / 8: tests/unit/test_decoding.py
 
 
 def check_all(stack, max_draft_len: int = 4) -> int:
