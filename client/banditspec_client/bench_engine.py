@@ -10,6 +10,10 @@ variants interleaved within every repetition, so machine noise hits them alike):
 * the one-token decode rate: plain greedy decoding of ``--decode-tokens`` tokens;
 * exactness: whether greedy tokens of a 5-token verify equal one-token decoding at
   every position of the decoded stretch (fp32: expected yes).
+* bitwise rows: whether the hidden states of 8 tokens verified in one step, alone and
+  batched with a sequence of another length, are bitwise those of one-token decoding
+  (true of the "fast" panel kernels by construction; then greedy speculative output
+  cannot differ from plain decoding, not even on a near-tie).
 
 Writes ``engine_cost.md`` (table), ``engine_cost.json`` and ``engine_cost.png`` into
 ``--out``. Threads: ``--threads`` (the issue's figures use 1).
@@ -91,6 +95,35 @@ def _exact_in_blocks(engine, prompt: np.ndarray, greedy: list[int], block: int =
     return agree, total
 
 
+def _bitwise_rows(engine, prompt: np.ndarray, greedy: list[int], block: int = 8) -> bool:
+    """Whether the hidden states (the LM head's input) of ``block`` tokens computed in one
+    verify step are bitwise those of one-token decoding, and also inside a batch of two
+    sequences with different cached lengths (ragged, left-padded)."""
+    from banditspec.engine.contract import VerifyRequest
+
+    tokens = [int(t) for t in greedy[:block]]
+    engine.clear()
+    engine.verify([VerifyRequest(np.asarray(prompt, dtype=np.int32), np.zeros(0, np.int32))])
+    one = []
+    for i in range(block):
+        sequence = np.asarray(list(prompt) + tokens[: i + 1], dtype=np.int32)
+        (result,) = engine.verify([VerifyRequest(sequence, np.zeros(0, np.int32), hidden_from=len(sequence) - 1)])
+        one.append(result.hidden_states[:1])
+    one = np.concatenate(one)
+    engine.clear()
+    engine.verify([VerifyRequest(np.asarray(prompt, dtype=np.int32), np.zeros(0, np.int32))])
+    start = len(prompt)
+    request = VerifyRequest(np.asarray(list(prompt) + tokens[:1], dtype=np.int32), np.asarray(tokens[1:], np.int32), hidden_from=start)
+    (solo,) = engine.verify([request])
+    engine.clear()
+    other = VerifyRequest(np.asarray(list(prompt[: len(prompt) // 2]), dtype=np.int32), np.asarray(tokens[:3], np.int32))
+    engine.verify([VerifyRequest(np.asarray(prompt, dtype=np.int32), np.zeros(0, np.int32))])
+    batched, _ = engine.verify([request, other])
+    same_solo = solo.num_accepted == block - 1 and np.array_equal(solo.hidden_states[:block], one)
+    same_batched = batched.num_accepted == block - 1 and np.array_equal(batched.hidden_states[:block], one)
+    return bool(same_solo and same_batched)
+
+
 def run(args) -> int:
     import torch
     from tqdm import tqdm
@@ -112,18 +145,21 @@ def run(args) -> int:
             for k in ks:
                 for name, engine in engines.items():
                     times[name][k].append(_verify_once(engine, prefix, k, rng))
-        decode, exact = {}, {}
+        decode, exact, bitwise = {}, {}, {}
         prompt = prefix[:64]
         for name, engine in tqdm(engines.items(), desc="decode rate"):
             greedy, seconds = _decode(engine, prompt, args.decode_tokens)
             decode[name] = {"tokens_per_second": args.decode_tokens / seconds, "tokens": greedy}
             exact[name] = _exact_in_blocks(engine, prompt, greedy)
+            bitwise[name] = _bitwise_rows(engine, prompt, greedy)
     result = {
         "model": args.model, "threads": args.threads, "cached": args.cached, "reps": args.reps, "ks": ks,
         "verify_ms": {n: {k: 1e3 * min(v) for k, v in t.items()} for n, t in times.items()},
         "decode_tokens_per_second": {n: d["tokens_per_second"] for n, d in decode.items()},
         "same_greedy_tokens": {n: decode[n]["tokens"] == decode[kernel_sets[0]]["tokens"] for n in kernel_sets},
         "block5_agreement": {n: list(v) for n, v in exact.items()},
+        "bitwise_rows": bitwise,
+        "kernel_impl": {n: e.kernel_impl for n, e in engines.items()},
     }
     _write(result, kernel_sets, ks, args.out)
     return 0
@@ -135,16 +171,19 @@ def _table(result: dict, kernel_sets: list[str], ks: list[int]) -> str:
         f"Verify cost over k new tokens: {result['model']}, {result['cached']} cached tokens, "
         f"{result['threads']} thread(s), min of {result['reps']} (ratio to k = 1 of the same kernels).",
         "",
-        "| kernels | " + " | ".join(f"k = {k}" for k in ks) + " | decode tok/s | 5-token verify = 1-token argmax |",
-        "|---|" + "---|" * (len(ks) + 2),
+        "| kernels | " + " | ".join(f"k = {k}" for k in ks)
+        + " | decode tok/s | 5-token verify = 1-token argmax | rows bitwise equal (verify, batch) |",
+        "|---|" + "---|" * (len(ks) + 3),
     ]
     for name in kernel_sets:
         base = ms[name][ks[0]]
         cells = [f"{base:.1f} ms (1.00)"] + [f"{ms[name][k]:.1f} ({ms[name][k] / base:.2f})" for k in ks[1:]]
         agree, total = result["block5_agreement"][name]
+        impl = result["kernel_impl"][name]
+        label = name if impl == name else f"{name} ({impl})"
         lines.append(
-            f"| {name} | " + " | ".join(cells)
-            + f" | {result['decode_tokens_per_second'][name]:.1f} | {agree}/{total} |"
+            f"| {label} | " + " | ".join(cells)
+            + f" | {result['decode_tokens_per_second'][name]:.1f} | {agree}/{total} | {'yes' if result['bitwise_rows'][name] else 'no'} |"
         )
     if len(kernel_sets) > 1:
         first, other = kernel_sets[0], kernel_sets[1]

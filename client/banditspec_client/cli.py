@@ -99,6 +99,13 @@ def _cmd_build(args) -> int:
 
         print(default_datastore(load_tokenizer("smollm2")))
         return 0
+    if args.what == "kernels":
+        from banditspec.engine import panel_kernel
+
+        print(panel_kernel.build(force=args.force))
+        if panel_kernel.load() is None:
+            print(f"warning: built, but it cannot run here: {panel_kernel.unavailable_reason()}")
+        return 0
     from banditspec.eagle import train
 
     return train.run(args)
@@ -143,11 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_options(gen)
     gen.set_defaults(func=_cmd_generate)
 
-    build = sub.add_parser("build", help="build artefacts into the cache: model | rest | eagle")
+    build = sub.add_parser("build", help="build artefacts into the cache: model | rest | kernels | eagle")
     build_sub = build.add_subparsers(dest="what", required=True)
     model = build_sub.add_parser("model", help="convert SmolLM2 (GGUF) and the tiny test model")
     model.add_argument("--models", default="smollm2,tiny")
     build_sub.add_parser("rest", help="the default REST datastore")
+    kernels = build_sub.add_parser("kernels", help="compile the engine's panel kernels (C, needs a C compiler)")
+    kernels.add_argument("--force", action="store_true", help="rebuild even when cached")
     eagle = build_sub.add_parser("eagle", help="train the Eagle draft head")
     _try_add_arguments("banditspec.eagle.train", eagle)
     build.set_defaults(func=_cmd_build)

@@ -78,3 +78,37 @@ def test_every_policy_and_arm_is_lossless_on_smollm2(smollm2_stack):
 def test_every_policy_and_arm_is_lossless_on_the_tiny_model(tiny_stack):
     assert set(tiny_stack.decoder.drafters) == {"pld", "suffix", "rest"}
     assert check_all(tiny_stack) == len(lossless_prompts()) * len(methods(tiny_stack))
+
+
+def test_fast_kernels_compute_a_row_bitwise_alike_in_any_step(smollm2_stack):
+    """Stronger than equal tokens: with the default "fast" (panel) kernels a token's hidden
+    state, the LM head's input, is bitwise the same whether it is decoded alone, verified
+    among 2..9 tokens, or verified in a batch beside a sequence of another length. So
+    greedy speculative output cannot differ from plain decoding, whatever the drafts."""
+    import numpy as np
+
+    from banditspec.engine.contract import VerifyRequest
+
+    engine = smollm2_stack.engine
+    assert engine.kernel_impl == "panel"
+    none = np.zeros(0, np.int32)
+    for kind, text in lossless_prompts()[::11]:
+        prompt = list(prompt_ids(smollm2_stack.tokenizer, text, chat=True))
+        engine.clear()
+        tokens, alone = [], []
+        engine.verify([VerifyRequest(np.asarray(prompt, np.int32), none)])
+        for _ in range(9):
+            sequence = np.asarray(prompt + tokens, np.int32) if tokens else np.asarray(prompt, np.int32)
+            (result,) = engine.verify([VerifyRequest(sequence, none, hidden_from=len(sequence) - 1)])
+            alone.append(result.hidden_states[-1])
+            tokens.append(int(result.output_ids[0]))
+        # alone[i]: the hidden state at the position of prompt + tokens[:i]'s last token
+        for k in (2, 5, 9):
+            engine.clear()
+            engine.verify([VerifyRequest(np.asarray(prompt[:-1], np.int32), none)])
+            request = VerifyRequest(np.asarray(prompt, np.int32), np.asarray(tokens[: k - 1], np.int32), hidden_from=len(prompt) - 1)
+            other = VerifyRequest(np.asarray(prompt[: len(prompt) // 3], np.int32), np.asarray(tokens[:2], np.int32))
+            for batch in ([request], [request, other]):
+                result = engine.verify(batch)[0]
+                assert result.num_accepted == k - 1, (kind, k, len(batch))
+                assert np.array_equal(result.hidden_states[:k], np.stack(alone[:k])), (kind, k, len(batch))

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from banditspec.engine import panel_kernel
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.reference import ReferenceEngine
 from banditspec.errors import BanditSpecValidationError
@@ -409,22 +410,30 @@ def test_fast_kernels_keep_values_and_match_transformers_forward():
     plain_model, fast_model = make_llama(512, seed=0), make_llama(512, seed=0)
     plain = ReferenceEngine(plain_model, kernels="transformers")
     fast = ReferenceEngine(fast_model)
+    onednn_model = make_llama(512, seed=0)
+    onednn = ReferenceEngine(onednn_model, kernels="onednn")
     assert fast.kernels == "fast" and plain.kernels == "transformers"
-    # the transformers modules now view the fused column-major copies: same values
-    weight = fast_model.model.layers[0].mlp.up_proj.weight
-    fused = fast._fast.layers[0].gate_up.weight_t
+    assert fast.kernel_impl == "panel", panel_kernel.unavailable_reason()
+    # "onednn": the transformers modules view the fused column-major copies: same values
+    weight = onednn_model.model.layers[0].mlp.up_proj.weight
+    fused = onednn._fast.layers[0].gate_up.weight_t
     assert weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
     assert torch.equal(weight, plain_model.model.layers[0].mlp.up_proj.weight)
+    # "fast" (panel): the transformers modules keep their own weights, unchanged
+    assert torch.equal(fast_model.model.layers[0].mlp.up_proj.weight, plain_model.model.layers[0].mlp.up_proj.weight)
     prompt = random_prompt(np.random.default_rng(13), 9)
-    assert vanilla_greedy(fast, prompt, 20) == vanilla_greedy(plain, prompt, 20)
+    expected = vanilla_greedy(plain, prompt, 20)
+    assert vanilla_greedy(fast, prompt, 20) == expected
+    assert vanilla_greedy(onednn, prompt, 20) == expected
     # one verify over a draft: hidden states and decisions agree with transformers' forward
     sequence = prompt + vanilla_greedy(ReferenceEngine(make_llama(512, seed=0)), prompt, 6)
-    for engine in (plain, fast):
+    for engine in (plain, fast, onednn):
         engine.clear()
     a = step(plain, sequence[:-5], sequence[-5:], hidden_from=0)
-    b = step(fast, sequence[:-5], sequence[-5:], hidden_from=0)
-    assert a.output_ids.tolist() == b.output_ids.tolist() and a.num_accepted == b.num_accepted == 5
-    np.testing.assert_allclose(a.hidden_states, b.hidden_states, rtol=1e-4, atol=1e-4)
+    for engine in (fast, onednn):
+        b = step(engine, sequence[:-5], sequence[-5:], hidden_from=0)
+        assert a.output_ids.tolist() == b.output_ids.tolist() and a.num_accepted == b.num_accepted == 5
+        np.testing.assert_allclose(a.hidden_states, b.hidden_states, rtol=1e-4, atol=1e-4)
     with pytest.raises(BanditSpecValidationError, match="kernels"):
         ReferenceEngine(make_llama(512, seed=0), kernels="bf16-maybe")
 

@@ -21,11 +21,15 @@ Shapes (B = batch, T = new tokens, C = cached tokens, H = hidden, hd = head dim)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from banditspec.engine.panel_kernel import attention
+
 LayerKV = tuple[torch.Tensor, torch.Tensor]
+Linear = Callable[[torch.Tensor], torch.Tensor]  # x [..., in] -> y [..., out]
 
 
 def _packed_linear_available() -> bool:
@@ -108,22 +112,51 @@ def int8_available() -> bool:
 @dataclass
 class _Layer:
     input_norm: torch.Tensor  # [H]
-    qkv: PackedLinear  # H -> (heads + 2 * kv_heads) * hd
-    o: PackedLinear  # heads * hd -> H
+    qkv: Linear  # H -> (heads + 2 * kv_heads) * hd
+    o: Linear  # heads * hd -> H
     post_norm: torch.Tensor  # [H]
-    gate_up: PackedLinear  # H -> 2 * intermediate
-    down: PackedLinear  # intermediate -> H
+    gate_up: Linear  # H -> 2 * intermediate
+    down: Linear  # intermediate -> H
+
+
+def make_linear(weight: torch.Tensor, kind: str):
+    """The projection for one weight: "panel" (the panel kernel, exact across row counts),
+    "onednn" (:class:`PackedLinear`) or "int8" (:class:`Int8Linear`)."""
+    if kind == "panel":
+        from banditspec.engine.panel_kernel import PanelLinear, load
+
+        library = load()
+        if library is None:
+            raise RuntimeError("the panel kernel is unavailable")
+        return PanelLinear(weight, library)
+    if kind == "int8":
+        return Int8Linear(weight)
+    if kind == "onednn":
+        return PackedLinear(weight)
+    raise ValueError(f"unknown linear kind {kind!r}")
 
 
 class FastLlama:
     """The decoder of a transformers ``LlamaForCausalLM`` (no bias, default RoPE), re-laid
-    for small-step CPU inference. The model's decoder weights are re-pointed at the fused
-    column-major copies (same values), so the model stays usable; the oneDNN-packed
-    copies are the only extra memory (about the decoder's size again)."""
+    for small-step CPU inference. With "onednn" and "int8" projections the model's decoder
+    weights are re-pointed at the fused column-major copies (same values), so the model
+    stays usable and the packed copies are the only extra memory; "panel" projections
+    leave the model's weights as they are and add one packed copy (about the decoder's
+    size again either way)."""
 
-    def __init__(self, model, *, int8: bool = False):
-        """int8: quantize the decoder's projections (:class:`Int8Linear`; not exact)."""
-        linear = Int8Linear if int8 else PackedLinear
+    def __init__(self, model, *, linear_kind: str = "onednn"):
+        """linear_kind: see :func:`make_linear` ("int8" is not exact)."""
+
+        def linear(weight: torch.Tensor):
+            return make_linear(weight, linear_kind)
+
+        # "panel": attention on the same library's fixed-order kernel, so that every op of
+        # a row is independent of the rows beside it (bitwise the same in any step)
+        self._kernels = None
+        if linear_kind == "panel":
+            from banditspec.engine.panel_kernel import load
+
+            self._kernels = load()
         config = model.config
         rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
         if rope_type != "default":
@@ -154,13 +187,25 @@ class FastLlama:
                     gate_up=linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
                     down=linear(mlp.down_proj.weight),
                 )
-                # The transformers model keeps working (Eagle tools read it) on the same memory.
-                fused.qkv.tie([attn.q_proj, attn.k_proj, attn.v_proj])
-                fused.o.tie([attn.o_proj])
-                fused.gate_up.tie([mlp.gate_proj, mlp.up_proj])
-                fused.down.tie([mlp.down_proj])
+                if isinstance(fused.qkv, PackedLinear):
+                    # The transformers model keeps working (Eagle tools read it) on the same memory.
+                    fused.qkv.tie([attn.q_proj, attn.k_proj, attn.v_proj])
+                    fused.o.tie([attn.o_proj])
+                    fused.gate_up.tie([mlp.gate_proj, mlp.up_proj])
+                    fused.down.tie([mlp.down_proj])
                 self.layers.append(fused)
         self.num_layers = len(self.layers)
+
+    @staticmethod
+    def _key_range(batch: int, fresh: int, cached: int, key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """lo, hi: int64 [B, T]: new token t of sequence b sees keys lo <= j < hi = cached + t + 1
+        (causal); lo skips the sequence's left padding (its real keys are contiguous)."""
+        hi = (torch.arange(fresh, dtype=torch.long) + cached + 1).expand(batch, fresh)
+        if key_mask is None:
+            lo = torch.zeros(batch, fresh, dtype=torch.long)
+        else:
+            lo = key_mask.long().argmax(dim=1, keepdim=True).expand(batch, fresh)
+        return lo, hi
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         variance = x.pow(2).mean(-1, keepdim=True)
@@ -194,8 +239,10 @@ class FastLlama:
         cos, sin = self._rotary(position_ids)
         # Attention mask [B, 1, T, C + T]: causal over the new tokens, all cached keys
         # visible, padding hidden. None when a single real row needs no mask at all.
-        mask = None
-        if fresh > 1 or key_mask is not None:
+        mask = key_range = None
+        if self._kernels is not None:
+            key_range = self._key_range(batch, fresh, cached, key_mask)
+        elif fresh > 1 or key_mask is not None:
             causal = torch.ones(fresh, cached + fresh, dtype=torch.bool).tril(diagonal=cached)
             mask = causal[None, None]
             if key_mask is not None:
@@ -216,8 +263,12 @@ class FastLlama:
             else:
                 k, v = k.contiguous(), v.contiguous()
             new_layers.append((k, v))
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
-            x = x + layer.o(attn.transpose(1, 2).reshape(batch, fresh, heads * hd))
+            if key_range is not None:
+                attn = attention(self._kernels, q, k, v, key_range[0], key_range[1], self.scale)
+            else:
+                attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
+                attn = attn.transpose(1, 2).reshape(batch, fresh, heads * hd)
+            x = x + layer.o(attn)
             h = self._norm(x, layer.post_norm)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)

@@ -42,7 +42,7 @@ import torch
 from transformers import DynamicCache
 
 from banditspec.engine.contract import VerifyRequest, VerifyResult
-from banditspec.engine.fast_llama import FastLlama, Int8Linear, PackedLinear
+from banditspec.engine.fast_llama import FastLlama, Linear, PackedLinear, make_linear
 from banditspec.engine.prefix_cache import LayerKV, PrefixCache, PrefixHit, cache_layers
 from banditspec.engine.sampling import (
     count_greedy_accepted,
@@ -54,7 +54,7 @@ from banditspec.engine.sampling import (
 from banditspec.errors import BanditSpecValidationError
 
 PAD_TOKEN = 0  # fed at right-padding positions; masked, its outputs discarded
-KERNELS = ("fast", "transformers", "int8")
+KERNELS = ("fast", "onednn", "transformers", "int8")
 
 
 @dataclass(frozen=True)
@@ -198,16 +198,20 @@ class ReferenceEngine:
         max_context: most tokens a sequence may hold (<= the model's positions).
         cache_entries / cache_tokens_budget: bounds of the prefix cache (sequences /
         tokens in all; the budget defaults to cache_entries * max_context).
-        kernels: "fast" (default) runs :class:`~banditspec.engine.fast_llama.FastLlama`:
-        fused projections, a column-major weight for one-row steps and a oneDNN-packed
-        one for verify steps, so checking a draft costs little more than one token
-        (``banditspec bench-engine`` prints the curve). "transformers" runs the model's
-        own forward (with column-major weights: the engine before "fast", kept for comparison).
-        "int8" is "fast" with int8 weights and dynamically quantized activations
-        (fbgemm): faster and flatter, but NOT exact: a token's logits depend slightly on
-        how many tokens a call carries, so speculative output may differ from this mode's
-        own plain decoding (``bench-engine`` measures how often).
-        "fast" and "transformers" are fp32; their greedy tokens agree up to float rounding.
+        kernels: "fast" (default) runs :class:`~banditspec.engine.fast_llama.FastLlama`
+        (fused projections, a few ops per layer) with every projection and the LM head on
+        the panel kernel (:mod:`banditspec.engine.panel_kernel`): the weight streams from
+        memory once per call whatever the row count, so checking a draft costs little
+        more than one token, and a row's projections are bitwise the same in a 1-row and
+        a 17-row call. Where that kernel cannot run (no C compiler, no AVX2/FMA) "fast"
+        falls back to "onednn" and says so in ``kernel_impl``. "onednn" is FastLlama on
+        a column-major GEMV for one row and oneDNN-packed weights for more (the previous
+        "fast"). "transformers" runs the model's own forward (column-major weights: the
+        engine before both, kept for comparison). "int8" is FastLlama with int8 weights
+        and dynamically quantized activations (fbgemm): NOT exact, a token's logits depend
+        slightly on how many tokens a call carries, so speculative output may differ from
+        this mode's own plain decoding (``bench-engine`` measures how often).
+        "fast", "onednn" and "transformers" are fp32; their greedy tokens agree up to float rounding.
         """
         config = model.config
         if not isinstance(max_context, int) or max_context < 2:
@@ -234,10 +238,16 @@ class ReferenceEngine:
             raise BanditSpecValidationError("kernels", f"must be one of {', '.join(KERNELS)}, got {kernels!r}")
         self.kernels = kernels
         self._fast: FastLlama | None = None
-        self._head: PackedLinear | None = None
-        if kernels in ("fast", "int8"):
-            self._fast = FastLlama(model, int8=kernels == "int8")
-            self._head = Int8Linear(model.lm_head.weight) if kernels == "int8" else PackedLinear(model.lm_head.weight)
+        self._head: Linear | None = None
+        # kernel_impl: what "kernels" runs on here: panel | onednn | int8 | transformers
+        self.kernel_impl = kernels
+        if kernels == "fast":
+            from banditspec.engine.panel_kernel import load
+
+            self.kernel_impl = "panel" if load() is not None else "onednn"
+        if kernels != "transformers":
+            self._fast = FastLlama(model, linear_kind=self.kernel_impl)
+            self._head = make_linear(model.lm_head.weight, self.kernel_impl)
         else:
             # The previous engine: column-major views of the decoder's weights (same values;
             # torch's GEMM over a row-major weight is slower for a few rows) and of the LM head.

@@ -1,0 +1,177 @@
+"""The panel GEMM kernel (kernels/panel_gemm.c): build once, load, and wrap as a linear layer.
+
+The C source is compiled with the system C compiler into the cache folder
+(``<cache>/kernels/<source hash>/``) the first time it is needed (about a second;
+``banditspec build-kernels`` or the set-up does it ahead of time) and loaded with
+ctypes: no torch headers, no build system. A missing compiler, a CPU without AVX2
+and FMA, or a failed build make :func:`load` return None with the reason in
+:func:`unavailable_reason`; callers fall back to torch's kernels.
+
+Why it exists and why it is exact: see the header of panel_gemm.c. In short, the
+weight streams from memory once per call whatever the number of rows, and each output
+is one FMA chain over k in a fixed order, so a row computed in a 5-row verify step is
+bitwise the row a 1-row decode step computes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from banditspec.paths import cache_dir
+
+SOURCE = Path(__file__).with_name("kernels") / "panel_gemm.c"
+# -fno-tree-vectorize: no auto-vectorized loop may change an order or pick a vector expf
+# for some lengths only (the kernels are explicit AVX2 intrinsics; plain loops stay scalar).
+COMPILE_FLAGS = ("-O3", "-fno-tree-vectorize", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+log = logging.getLogger("banditspec.engine")
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_reason: str | None = None
+_loaded = False
+
+
+def _library_path() -> Path:
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(COMPILE_FLAGS).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / digest / "libbanditspec_panel.so"
+
+
+def build(*, force: bool = False) -> Path:
+    """Compile the kernel into the cache (atomically; safe when several processes start at
+    once, e.g. Triton's model stubs). Returns the library path; raises on failure."""
+    target = _library_path()
+    if target.exists() and not force:
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler found (set CC, or install gcc)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists() and not force:
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            result = subprocess.run(
+                [compiler, *COMPILE_FLAGS, "-o", str(out), str(SOURCE)],
+                capture_output=True, text=True, timeout=300,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[-2000:]}")
+            os.replace(out, target)
+    return target
+
+
+def load() -> ctypes.CDLL | None:
+    """The loaded kernel library, building it if needed; None when it cannot run here."""
+    global _library, _reason, _loaded
+    with _lock:
+        if _loaded:
+            return _library
+        _loaded = True
+        if os.environ.get("BANDITSPEC_PANEL_KERNEL", "1") == "0":
+            _reason = "disabled by BANDITSPEC_PANEL_KERNEL=0"
+            return None
+        try:
+            library = ctypes.CDLL(str(build()))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            _reason = str(error)
+            log.warning("panel kernel unavailable (%s); using torch's kernels", error)
+            return None
+        if not library.bs_panel_cpu_ok():
+            _reason = "this CPU lacks AVX2 or FMA"
+            return None
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        library.bs_panel_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
+        library.bs_panel_gemm.restype = None
+        library.bs_panel_stride.argtypes = [i64]
+        library.bs_panel_stride.restype = i64
+        library.bs_panel_width.restype = ctypes.c_int
+        library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr] + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
+        library.bs_attention.restype = None
+        _library = library
+        return library
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`load` returned None (None when it loaded or was not tried)."""
+    return _reason
+
+
+class PanelLinear:
+    """y = x @ W^T for x float32 [..., in], W [out, in], on the panel kernel.
+
+    The weight is copied once into panels of 16 output columns (packed[p][k][j] =
+    W[16 p + j][k], zero past ``out``), each panel ``stride`` floats apart.
+    """
+
+    def __init__(self, weight: torch.Tensor, library: ctypes.CDLL):
+        weight = weight.detach().float()
+        self.out_features, self.in_features = weight.shape
+        self._lib = library
+        width = int(library.bs_panel_width())
+        panels = -(-self.out_features // width)
+        self.stride = int(library.bs_panel_stride(self.in_features))
+        packed = torch.zeros(panels, self.stride)
+        padded = torch.zeros(panels * width, self.in_features)
+        padded[: self.out_features] = weight
+        # [panels, width, in] -> [panels, in, width]: panel p holds k-major rows of 16 columns
+        packed[:, : self.in_features * width] = padded.view(panels, width, self.in_features).transpose(1, 2).reshape(panels, -1)
+        self.packed = packed
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features)
+        if rows.dtype != torch.float32:
+            rows = rows.float()
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
+        out = torch.empty(rows.shape[0], self.out_features)
+        if rows.shape[0]:
+            self._lib.bs_panel_gemm(
+                rows.data_ptr(), rows.shape[0], self.in_features, self.in_features,
+                self.packed.data_ptr(), self.stride, self.out_features,
+                out.data_ptr(), self.out_features, torch.get_num_threads(),
+            )
+        return out.view(*shape[:-1], self.out_features)
+
+
+def attention(
+    library: ctypes.CDLL,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Grouped-query attention in a fixed reduction order (see panel_gemm.c).
+
+    q: float32 [B, H, T, D] (any strides, D contiguous); k, v: float32 [B, KVH, L, D];
+    lo, hi: int64 [B, T]: query (b, t) attends to keys lo[b, t] <= j < hi[b, t].
+    Returns float32 [B, T, H * D] (heads concatenated, ready for the output projection).
+    """
+    batch, heads, fresh, dim = q.shape
+    kv_heads, length = k.shape[1], k.shape[2]
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    k, v = k.contiguous(), v.contiguous()
+    lo, hi = lo.contiguous(), hi.contiguous()
+    out = torch.empty(batch, fresh, heads * dim)
+    library.bs_attention(
+        q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), k.data_ptr(), v.data_ptr(),
+        lo.data_ptr(), hi.data_ptr(), out.data_ptr(),
+        batch, heads, kv_heads, fresh, length, dim, scale, torch.get_num_threads(),
+    )
+    return out
