@@ -68,3 +68,10 @@ def test_build_is_cached_and_keyed_by_source(library):
     path = panel_kernel.build()
     assert path.exists() and path.parent.parent.name == "kernels"
     assert panel_kernel.build() == path  # no rebuild
+
+
+def test_engine_keeps_freed_memory_in_the_heap():
+    from banditspec.engine import allocator
+
+    assert allocator.keep_freed_memory() is True  # glibc here: the thresholds were accepted
+    assert allocator.keep_freed_memory() is True  # once per process, idempotent

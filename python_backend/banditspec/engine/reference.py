@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from banditspec.engine.allocator import keep_freed_memory
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.fast_llama import FastLlama, Linear, PackedLinear, make_linear
 from banditspec.engine.prefix_cache import LayerKV, PrefixCache, PrefixHit, cache_layers
@@ -224,6 +225,7 @@ class ReferenceEngine:
         if cache_tokens_budget is None:
             cache_tokens_budget = cache_entries * max_context if isinstance(cache_entries, int) else -1
         self.cache = PrefixCache(cache_entries, cache_tokens_budget)
+        keep_freed_memory()  # per-step K/V buffers reused, not page-faulted anew (engine/allocator.py)
         self.model = model.eval()
         self.tokenizer = None
         self.vocab_size: int = int(config.vocab_size)

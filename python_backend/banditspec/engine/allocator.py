@@ -1,0 +1,44 @@
+"""Keep freed memory in the process heap (glibc): the engine's per-step buffers are reused
+instead of being mapped and page-faulted anew on every decoding step.
+
+Each step allocates per layer a new K/V tensor of the whole sequence (~230 KB per layer
+at 300 cached tokens for SmolLM2) and frees the previous one. glibc serves blocks above
+its mmap threshold (128 KB at start, adjusted on the fly) with fresh mappings, so every
+step page-faults ~14 MB: measured ~7 ms of a 50 ms decoding step on this machine.
+Raising the mmap threshold and the trim threshold keeps such blocks in the heap.
+
+Process-wide and once: the heap keeps up to TRIM_THRESHOLD of free memory instead of
+returning it to the system at once (RSS stays near its peak; the engine's own memory is
+bounded by the prefix cache's budget). Anything but glibc: a no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 64 << 20  # blocks above this still get their own mapping (weights, big batches)
+TRIM_THRESHOLD = 256 << 20
+
+_lock = threading.Lock()
+_applied: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Apply the thresholds once per process; True when glibc accepted them."""
+    global _applied
+    with _lock:
+        if _applied is None:
+            _applied = False
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                mallopt = libc.mallopt
+            except (OSError, AttributeError):
+                return False
+            mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+            mallopt.restype = ctypes.c_int
+            _applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        return _applied
