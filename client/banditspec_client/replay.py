@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/replay"))
+    parser.add_argument("--wallclock", type=int, default=0, metavar="N",
+                        help="also decode the first N prompts per workload for real (in process) and compare "
+                             "the replay's predicted tokens/s with the measured ones")
+    parser.add_argument("--wallclock-methods", default="vanilla,costaware,fixed:pld@{L},fixed:suffix@{L},fixed:rest@{L}",
+                        help="methods of the wall-clock check ({L} = --max-draft-len)")
 
 
 # --- prompts and recording --------------------------------------------------------------
@@ -279,4 +284,153 @@ def run(args) -> int:
     (args.out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
     _plot(summary, args.out)
     print(text)
+    if args.wallclock > 0:
+        check = wallclock_check(args, traces, tokenizer, drafters)
+        (args.out / "wallclock_check.json").write_text(json.dumps(check, indent=1) + "\n")
+        check_text = _wallclock_markdown(check)
+        (args.out / "wallclock_check.md").write_text(check_text)
+        _wallclock_plot(check, args.out)
+        print(check_text)
     return 0
+
+
+# --- replay vs wall clock --------------------------------------------------------------
+
+
+def _decode_rate(step_seconds: list[float], accepted: list[int]) -> tuple[int, float]:
+    """(tokens, seconds) of a request after its first step (the first step carries the
+    prompt's prefill, which the replay models only roughly, so both sides leave it out)."""
+    return sum(a + 1 for a in accepted[1:]), float(sum(step_seconds[1:]))
+
+
+def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
+    """Decode the first ``--wallclock`` prompts of each workload for real with each method,
+    then replay the same prompts and methods with the live engine's cost model (its
+    calibrated verify curve and per-step overhead, in seconds), and compare tokens/s after
+    the first step: predicted / measured per workload and method, and the speed-ups over
+    plain decoding both ways. Outputs must equal the recorded greedy output."""
+    import time
+
+    import torch
+    from tqdm import tqdm
+
+    from banditspec.bandits.cost_model import CostModel
+    from banditspec.config import GenerationRequest
+    from banditspec.decoding import run_to_completion
+    from banditspec.decoding import SpeculativeDecoder
+    from banditspec.engine.reference import ReferenceEngine
+    from banditspec.replay import replay_policy
+    from banditspec.runtime import build_drafters, calibrate_cost_model
+
+    torch.set_num_threads(max(1, args.threads))
+    eos = int(tokenizer.eos_token_id)
+    kinds = sorted({t.kind for t in traces})
+    seen: dict[str, int] = {}
+    subset = []  # the first N prompts of each workload, in recording (serving) order
+    for trace in traces:
+        seen[trace.kind] = seen.get(trace.kind, 0) + 1
+        if seen[trace.kind] <= args.wallclock:
+            subset.append(trace)
+    methods = [m.strip().replace("{L}", str(args.max_draft_len)) for m in args.wallclock_methods.split(",") if m.strip()]
+    arms = [f"{d}@{args.max_draft_len}" for d in drafters]
+    engine = ReferenceEngine.from_name(args.model, max_context=2048)
+    measured: dict[str, list[dict]] = {m: [] for m in methods}
+    started = time.perf_counter()
+    live = None
+    with torch.inference_mode():
+        for method in tqdm(methods, desc="wall clock (methods)"):
+            # Fresh drafters and decoder per method, prompts in recording order: the suffix
+            # tree learns from past requests, so it sees exactly the history it had when the
+            # proposals were recorded (not another method's run of the same prompt).
+            decoder = SpeculativeDecoder.for_engine(engine, build_drafters(drafters, tokenizer, target_model=engine.model),
+                                                    default_arms=arms)
+            calibrate_cost_model(decoder, engine)
+            for trace in tqdm(subset, desc=method, leave=False):
+                max_tokens = len(trace.target) - (1 if trace.target and trace.target[-1] == eos else 0)
+                engine.clear()
+                request = GenerationRequest(trace.prompt_ids, max_tokens, policy=method, max_draft_len=args.max_draft_len)
+                result = run_to_completion(engine, decoder.start(request))
+                tokens, seconds = _decode_rate(result.stats.step_seconds, result.stats.accepted)
+                measured[method].append({"kind": trace.kind, "tokens": tokens, "seconds": seconds,
+                                         "identical": result.token_ids == trace.target[:max_tokens]})
+            if method == "costaware" or live is None:
+                live = decoder.cost_model
+    wall_minutes = (time.perf_counter() - started) / 60
+    curve = live.curve()  # seconds per round feeding k tokens, per-step overhead included
+    platform = CostModel.fixed([float(c) / float(curve[1]) for c in curve[1:]], one_token_seconds=float(curve[1]))
+    predicted: dict[str, list[dict]] = {}
+    for method in methods:
+        rows = replay_policy(subset, method, arms, platform,
+                             max_draft_len=args.max_draft_len, eos_id=eos)["rows"]
+        predicted[method] = []
+        for row in rows:
+            tokens, seconds = _decode_rate(row["step_seconds"], row["accepted"])
+            predicted[method].append({"kind": row["kind"], "tokens": tokens, "seconds": seconds})
+    table: dict = {}
+    for kind in kinds + (["mixed"] if len(kinds) > 1 else []):
+        table[kind] = {}
+        for method in methods:
+            def rate(rows, method=method):
+                picked = [r for r in rows[method] if kind == "mixed" or r["kind"] == kind]
+                return sum(r["tokens"] for r in picked) / max(1e-12, sum(r["seconds"] for r in picked))
+            table[kind][method] = {"measured_tps": rate(measured), "predicted_tps": rate(predicted)}
+        plain = table[kind].get("vanilla")
+        for method, entry in table[kind].items():
+            entry["predicted_over_measured"] = entry["predicted_tps"] / entry["measured_tps"]
+            if plain:
+                entry["measured_speedup"] = entry["measured_tps"] / plain["measured_tps"]
+                entry["predicted_speedup"] = entry["predicted_tps"] / plain["predicted_tps"]
+    return {
+        "prompts_per_workload": args.wallclock, "max_tokens": args.max_tokens, "L": args.max_draft_len,
+        "threads": args.threads, "drafters": drafters, "methods": methods, "minutes": round(wall_minutes, 1),
+        "cost_curve_seconds": [float(c) for c in curve[1:10]],
+        "identical": {m: all(r["identical"] for r in rows) for m, rows in measured.items()},
+        "table": table,
+    }
+
+
+def _wallclock_markdown(check: dict) -> str:
+    lines = [
+        f"Replay vs wall clock: {check['prompts_per_workload']} prompts per workload, {check['max_tokens']} tokens max, "
+        f"L = {check['L']}, {check['threads']} thread(s), drafters {', '.join(check['drafters'])}; tokens/s after each "
+        "request's first step (its prefill), in process; the replay uses the live engine's cost model "
+        f"(verify seconds for k = 1..9: {', '.join(f'{1e3 * c:.1f}' for c in check['cost_curve_seconds'])} ms).",
+        "",
+        "| workload | method | measured tok/s | predicted tok/s | predicted / measured | speed-up measured | speed-up predicted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    worst = 0.0
+    for kind, methods in check["table"].items():
+        for method, e in methods.items():
+            worst = max(worst, abs(e["predicted_over_measured"] - 1))
+            lines.append(f"| {kind} | {method} | {e['measured_tps']:.2f} | {e['predicted_tps']:.2f} | "
+                         f"{e['predicted_over_measured']:.3f} | {e.get('measured_speedup', float('nan')):.3f} | "
+                         f"{e.get('predicted_speedup', float('nan')):.3f} |")
+    lines += ["", f"Largest disagreement: {100 * worst:.1f} % of the measured rate. Every real output identical to the "
+              f"recorded greedy output: {all(check['identical'].values())}. Wall-clock part: {check['minutes']} min.", ""]
+    return "\n".join(lines)
+
+
+def _wallclock_plot(check: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for kind, methods in check["table"].items():
+        xs = [e["measured_tps"] for e in methods.values()]
+        ys = [e["predicted_tps"] for e in methods.values()]
+        ax.scatter(xs, ys, label=kind)
+    lo = min(min(e["measured_tps"], e["predicted_tps"]) for m in check["table"].values() for e in m.values())
+    hi = max(max(e["measured_tps"], e["predicted_tps"]) for m in check["table"].values() for e in m.values())
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)
+    ax.plot([lo, hi], [1.1 * lo, 1.1 * hi], color="grey", linestyle=":", linewidth=0.8)
+    ax.plot([lo, hi], [0.9 * lo, 0.9 * hi], color="grey", linestyle=":", linewidth=0.8, label="±10 %")
+    ax.set_xlabel("measured tokens/s")
+    ax.set_ylabel("replay's predicted tokens/s")
+    ax.set_title("replay vs wall clock (one point per workload x method)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "wallclock_check.png", dpi=110)
+    plt.close(fig)

@@ -234,5 +234,6 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
             "arms": list(result.stats.arms),
             "drafted": list(result.stats.drafted),
             "accepted": list(result.stats.accepted),
+            "step_seconds": list(result.stats.step_seconds),
         })
     return {"rows": rows, "cost_model": decoder.cost_model.as_dict()}

@@ -20,7 +20,8 @@
  * are grouped. So a row's result is bitwise the same whether the call carries 1 row
  * or 17: a verify step computes exactly what one-token decoding computes.
  *
- * Threads: groups are split across `threads` OpenMP threads (1 = no parallel region).
+ * Threads: groups are shared out dynamically among `threads` OpenMP threads (1 = no
+ * parallel region; torch's own libgomp is the one loaded, so one thread pool serves both).
  * Compiled without a global -mavx2: only the kernels carry the target attribute, and
  * bs_panel_cpu_ok() says whether the running CPU has AVX2 and FMA.
  */
@@ -155,7 +156,7 @@ __attribute__((target("avx2,fma"))) void bs_panel_gemm(
     int64_t N, float *y, int64_t ldy, int threads) {
     const int64_t panels = (N + PANEL - 1) / PANEL;
     const int64_t groups = (panels + GROUP - 1) / GROUP;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1)
     for (int64_t g = 0; g < groups; ++g) {
         const int64_t p_begin = g * GROUP;
         const int64_t p_end = (p_begin + GROUP) < panels ? (p_begin + GROUP) : panels;
@@ -262,7 +263,7 @@ __attribute__((target("avx2,fma"))) void bs_attention(
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         float *scores = (float *)malloc((size_t)(L > 0 ? L : 1) * sizeof(float));
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
         for (int64_t job = 0; job < jobs; ++job) {
             const int64_t b = job / (H * T), h = (job / T) % H, t = job % T;
             const int64_t j0 = lo[b * T + t], j1 = hi[b * T + t];
