@@ -51,5 +51,5 @@ CMD key="${BANDITSPEC_ADMIN_KEY:-$(cat /proc/sys/kernel/random/uuid)}"; \
       --exit-on-error=true \
       --http-port=8000 --grpc-port=8001 --metrics-port=8002 --allow-metrics=true \
       --http-restricted-api="model-repository,shared-memory,statistics,trace,logging:admin-key=${key}" \
-      --grpc-restricted-api="model-repository,shared-memory,statistics,trace,logging:admin-key=${key}" \
+      --grpc-restricted-protocol="model-repository,shared-memory,statistics,trace,logging:admin-key=${key}" \
       --log-verbose=0

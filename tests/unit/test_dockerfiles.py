@@ -104,7 +104,10 @@ def test_gpu_server_command_locks_down_model_control(gpu):
     words = shlex.split(cmd[0].replace(";", " ; "))
     assert "tritonserver" in words
     assert "--model-control-mode=none" in words
-    for flag in ("--http-restricted-api=", "--grpc-restricted-api="):
+    # Triton 2.71 (26.07), src/command_line_parser.cc: HTTP takes --http-restricted-api, gRPC
+    # --grpc-restricted-protocol; an unknown --grpc-restricted-api would stop the server starting.
+    assert not any(w.startswith("--grpc-restricted-api") for w in words)
+    for flag in ("--http-restricted-api=", "--grpc-restricted-protocol="):
         value = next(w for w in words if w.startswith(flag))[len(flag):]
         apis, _, key = value.partition(":")
         assert {"model-repository", "shared-memory"} <= set(apis.split(","))
