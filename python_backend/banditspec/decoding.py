@@ -248,6 +248,8 @@ class DecodingSession:
         # (arm index, draft length, draft cut short by max_tokens/context, start time)
         self._pending: tuple[int | None, int, bool, float] | None = None
         self._sessions: dict[str, DraftSession] = {}
+        # drafters proposed on the calling thread, without the deadline thread (see _call_propose)
+        self._inline = {name for name, d in decoder.drafters.items() if getattr(d, "runs_inline", False)}
         self._worker: ProposeWorker | None = None  # created at the first proposal
         used = {a.drafter for a in arms if a.drafter}
         for name in used:
@@ -446,7 +448,7 @@ class DecodingSession:
             return None
         began = time.perf_counter()
         try:
-            draft = self._call_propose(session, max_len)
+            draft = self._call_propose(session, max_len, arm.drafter in self._inline)
             ids = np.asarray(draft.token_ids, dtype=np.int64).reshape(-1)[:max_len]
             if ids.size and (ids.min() < 0 or ids.max() >= self._decoder.vocab_size):
                 raise ValueError("draft token id out of range")
@@ -466,10 +468,14 @@ class DecodingSession:
             self._drop_drafter(arm.drafter, "deadline exceeded")
         return Draft(token_ids=ids.astype(np.int32), probs=probs)
 
-    def _call_propose(self, session: DraftSession, max_len: int) -> Draft:
-        """``session.propose(max_len)``, bounded by the decoder's deadline when it has one."""
+    def _call_propose(self, session: DraftSession, max_len: int, inline: bool = False) -> Draft:
+        """``session.propose(max_len)``, bounded by the decoder's deadline when it has one.
+        ``inline``: a built-in lookup drafter (``runs_inline``: an in-memory index, no model
+        call, no I/O; microseconds in ``banditspec bench-drafters``) is called directly: the
+        hand-off to the deadline thread cost ~2 ms per call here (thread wake-up), more than
+        the proposal, and costaware asks every cheap drafter at every step."""
         deadline = self._decoder.drafter_deadline_s
-        if deadline is None:
+        if deadline is None or inline:
             return session.propose(max_len)
         if self._worker is None:
             self._worker = ProposeWorker()

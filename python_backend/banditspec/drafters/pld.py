@@ -27,6 +27,8 @@ from banditspec.errors import BanditSpecValidationError
 class PromptLookupDrafter:
     """Stateless factory of :class:`PromptLookupSession` (safe to share between requests)."""
 
+    runs_inline = True  # an in-memory lookup: proposed without the deadline thread
+
     max_ngram: int = 3
     min_ngram: int = 1
     name: str = "pld"

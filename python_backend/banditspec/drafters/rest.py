@@ -29,6 +29,8 @@ from banditspec.errors import BanditSpecValidationError
 class RestDrafter:
     """Holds the datastore (read-only, shared by all sessions)."""
 
+    runs_inline = True  # an in-memory lookup: proposed without the deadline thread
+
     name = "rest"
 
     def __init__(

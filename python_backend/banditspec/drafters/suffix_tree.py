@@ -320,6 +320,8 @@ class SuffixTrie:
 class SuffixTreeDrafter:
     """Shared by all requests: the global trie of past outputs lives here (thread-safe)."""
 
+    runs_inline = True  # an in-memory lookup: proposed without the deadline thread
+
     max_depth: int = 64
     alpha: float = 2.0
     min_share: float = 0.1
