@@ -27,13 +27,13 @@ import numpy as np
 from banditspec.bandits.base import Policy
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import Candidate, CostAwarePolicy, SharedAcceptance, context_bucket
+from banditspec.bandits.registry import COSTAWARE, ResolvedPolicy, build_policy, resolve_policy
 from banditspec.budget import SpeculationBudget, UnlimitedBudget
 from banditspec.config import (
     VANILLA_ARM,
     ArmSpec,
     GenerationRequest,
     Limits,
-    parse_arm,
     validate_request,
 )
 from banditspec.drafters.base import Draft, Drafter, DraftSession
@@ -172,54 +172,25 @@ class SpeculativeDecoder:
             **kwargs,
         )
 
-    def resolve_arms(self, request: GenerationRequest) -> tuple[list[ArmSpec], str]:
-        """The request's arm list and the policy that runs over it."""
-        known = list(self.drafters)
-        policy = request.policy
-        if policy == "vanilla":
-            return [ArmSpec("", 0)], "fixed"
-        if policy.startswith("fixed:"):
-            return [parse_arm(policy[len("fixed:"):], request.max_draft_len, known)], "fixed"
-        names = list(request.arms) if request.arms is not None else self.default_arms
-        if not names:
-            raise BanditSpecValidationError("arms", "the arm list is empty")
-        if policy == COSTAWARE:  # it chooses gamma per round: an arm names a drafter (@gamma caps it)
-            names = [n for n in names if n != VANILLA_ARM]  # plain decoding is always a choice
-            if not names:
-                return [], policy
-        arms = [parse_arm(n, request.max_draft_len, known) for n in names]
-        if len({a.name for a in arms}) != len(arms):
-            raise BanditSpecValidationError("arms", "an arm is listed twice")
-        return arms, policy
+    def resolve_arms(self, request: GenerationRequest) -> ResolvedPolicy:
+        """The request's policy kind and the arms it runs over (bandits.registry)."""
+        arm_names = list(request.arms) if request.arms is not None else self.default_arms
+        return resolve_policy(
+            request.policy, arm_names, max_draft_len=request.max_draft_len, known_drafters=list(self.drafters)
+        )
 
     def start(self, request: GenerationRequest) -> "DecodingSession":
         validate_request(request, max_context=self.max_context, vocab_size=self.vocab_size, limits=self.limits)
-        arms, policy_name = self.resolve_arms(request)
-        return DecodingSession(self, request, arms, policy_name)
-
-
-COSTAWARE = "costaware"
-
-
-def _make_policy(name: str, n_arms: int, max_draft_len: int, seed: int, reward: str = "accepted") -> Policy:
-    from banditspec.bandits.fixed import FixedArmPolicy
-    from banditspec.bandits.registry import make_policy
-
-    if name == "fixed":
-        return FixedArmPolicy(arm=0, n_arms=n_arms)
-    rng = np.random.default_rng(seed)
-    # accepted + 1 lies in [1, L + 1] (width L); the throughput reward in [0, L + 1].
-    width = float(max_draft_len + 1 if reward == "throughput" else max_draft_len)
-    return make_policy(name, n_arms=n_arms, reward_range=width, max_reward=float(max_draft_len + 1), rng=rng)
+        return DecodingSession(self, request, self.resolve_arms(request))
 
 
 class DecodingSession:
     """One request's decoding state; see the module docstring for the step protocol."""
 
-    def __init__(self, decoder: SpeculativeDecoder, request: GenerationRequest, arms: list[ArmSpec], policy_name: str):
+    def __init__(self, decoder: SpeculativeDecoder, request: GenerationRequest, resolved: ResolvedPolicy):
         self._decoder = decoder
         self._request = request
-        self.arms = arms
+        self.arms = arms = resolved.arms
         self._prompt = [int(t) for t in request.prompt_ids]
         self._sequence = list(self._prompt)  # prompt + generated (before stop-word cuts)
         self._generated: list[int] = []
@@ -227,14 +198,17 @@ class DecodingSession:
         self._stop_sequences = [list(map(int, s)) for s in request.stop_sequences]
         self._clock = decoder.clock
         self._cost_model = decoder.cost_model
-        self.controller: CostAwarePolicy | None = None
-        if policy_name == COSTAWARE:
-            self.policy = None  # type: ignore[assignment]
-            self.controller = CostAwarePolicy(
-                [a.drafter for a in arms], request.max_draft_len, decoder.cost_model, decoder.shared_acceptance
-            )
-        else:
-            self.policy = _make_policy(policy_name, len(arms), request.max_draft_len, request.seed, request.reward)
+        chosen = build_policy(
+            resolved,
+            max_draft_len=request.max_draft_len,
+            seed=request.seed,
+            reward=request.reward,
+            cost_model=decoder.cost_model,
+            shared_acceptance=decoder.shared_acceptance,
+        )
+        # costaware chooses (drafter, gamma) itself; the others choose an arm index
+        self.controller: CostAwarePolicy | None = chosen if isinstance(chosen, CostAwarePolicy) else None
+        self.policy: Policy | None = None if isinstance(chosen, CostAwarePolicy) else chosen
         self._reward = make_reward(request.reward, decoder.cost_model, request.max_draft_len)
         # Full information: proposals not fully scored, (drafter, bucket, start, tokens,
         # positions scored so far); outcomes are recorded as the target's tokens arrive.
