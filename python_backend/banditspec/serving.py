@@ -21,6 +21,15 @@ from banditspec.config import DEFAULT_POLICY, GenerationRequest
 from banditspec.decoding import SpeculativeDecoder, generate
 from banditspec.engine.contract import Engine
 from banditspec.errors import BanditSpecValidationError, EngineError
+from banditspec.outcomes import (  # how a request ended (Controller.on_request_done)
+    OUTCOME_BUSY,
+    OUTCOME_CANCELLED,
+    OUTCOME_INTERNAL,
+    OUTCOME_INVALID,
+    OUTCOME_SUCCESS,
+    OUTCOME_TARGET_ERROR,
+    OUTCOMES,
+)
 from banditspec.text import IncrementalDetokenizer, prompt_ids, stop_sequences
 from banditspec import trtllm_compat
 
@@ -88,15 +97,6 @@ INPUT_KINDS: dict[str, str] = {
                                                                           "temperature", "random_seed", "stop_words")},
 }
 REQUIRED_INPUTS = ("text_input", "max_tokens")
-
-# How a request ended, as reported to Controller.on_request_done (metrics label values).
-OUTCOME_SUCCESS = "success"
-OUTCOME_CANCELLED = "cancelled"
-OUTCOME_INVALID = "invalid"
-OUTCOME_BUSY = "busy"
-OUTCOME_TARGET_ERROR = "target_error"
-OUTCOME_INTERNAL = "internal"
-OUTCOMES = (OUTCOME_SUCCESS, OUTCOME_CANCELLED, OUTCOME_INVALID, OUTCOME_BUSY, OUTCOME_TARGET_ERROR, OUTCOME_INTERNAL)
 
 
 @dataclass(frozen=True)

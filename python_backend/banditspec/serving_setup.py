@@ -4,7 +4,6 @@ Paths and models come only from here, never from a request."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Mapping
 
@@ -12,13 +11,12 @@ from banditspec.batching import make_gamma_budget
 from banditspec.batching.uniform_inputs import with_empty_drafts
 from banditspec.config import DEFAULT_POLICY, Limits
 from banditspec.decoding import SpeculativeDecoder
+from banditspec.drafters.registry import build_drafters
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
 from banditspec.errors import BanditSpecValidationError
-from banditspec.runtime import build_drafters
 from banditspec.serving import Controller, ServingDefaults
 
 TARGET_KINDS = ("reference", "tensorrtllm")
-log = logging.getLogger(__name__)
 
 
 def _flag(text: str) -> bool:
@@ -45,55 +43,30 @@ def load_serving_tokenizer(params: Mapping[str, str]):
     return AutoTokenizer.from_pretrained(folder or model_dir(params.get("target_model", "smollm2")))
 
 
-def _eagle_target(params: Mapping[str, str]):
-    """The target checkpoint, for the Eagle head's frozen embedding / LM head."""
-    from banditspec.engine.models import load_model
-
-    model, _ = load_model(params.get("target_model", "smollm2"))
-    return model
-
-
-def _remote_eagle(params: Mapping[str, str], infer: InferFn, model_name: str):
-    """The eagle arm through the ``eagle`` model, or None when the shipped head does not fit
-    the target (e.g. the tiny test model): the arm is then simply not served."""
-    from banditspec.drafters.eagle import head_fit_problem
-    from banditspec.drafters.eagle_remote import RemoteEagleDrafter
-
-    problem = head_fit_problem(params.get("target_model", "smollm2"))
-    if problem is not None:
-        log.warning("eagle arm not served: %s", problem)
-        return None
-    return RemoteEagleDrafter(infer, model_name=model_name)
-
-
 def _drafters(params: Mapping[str, str], kind: str, tokenizer, infer: InferFn) -> dict:
-    """The served drafters by name. ``eagle`` drafts from the target's hidden states, which
-    only the reference target returns; it runs in the ``eagle_model`` Triton model, or in
-    this process when that parameter is empty."""
-    names = _csv(params.get("drafters", "pld,suffix,rest"))
-    eagle = kind == "reference" and "eagle" in names
-    eagle_model = params.get("eagle_model", "").strip()
+    """The served drafters by name (banditspec.drafters.registry). ``eagle`` drafts from the
+    target's hidden states, which only the reference target returns; it runs in the
+    ``eagle_model`` Triton model, or in this process when that parameter is empty; with a
+    TensorRT-LLM target, ``eagle_model`` names a TensorRT-LLM Eagle engine."""
     datastore = params.get("rest_datastore", "default")
-    drafters = build_drafters(
-        [n for n in names if n != "eagle" or (eagle and not eagle_model)],
+    target_name = params.get("target_model", "smollm2")
+
+    def load_target():  # the target checkpoint, for the in-process head's embedding / LM head
+        from banditspec.engine.models import load_model
+
+        return load_model(target_name)[0]
+
+    return build_drafters(
+        _csv(params.get("drafters", "pld,suffix,rest")),
         tokenizer,
-        target_model=_eagle_target(params) if eagle and not eagle_model else None,
+        load_target_model=load_target,
+        target_name=target_name,
         rest_datastore=None if datastore in ("", "default") else Path(datastore),
         infer=infer,
         draft_model_name=params.get("draft_name", "draft"),
+        eagle_model=params.get("eagle_model", "").strip(),
+        eagle_engine=kind == "tensorrtllm",
     )
-    if eagle and eagle_model:
-        remote = _remote_eagle(params, infer, eagle_model)
-        if remote is not None:
-            drafters["eagle"] = remote
-    if kind == "tensorrtllm" and "eagle" in names and eagle_model:
-        # GPU: a TensorRT-LLM Eagle engine (a copy of the target with its Eagle head, drafting
-        # and verifying inside) generates the proposal; `target` verifies it like any draft,
-        # so the output stays the target's (docs/deploy.md, "The Eagle arm on GPU").
-        from banditspec.drafters.draft_model import DraftModelDrafter
-
-        drafters["eagle"] = DraftModelDrafter(infer, model_name=eagle_model, end_id=int(tokenizer.eos_token_id))
-    return drafters
 
 
 def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:

@@ -17,7 +17,7 @@ from banditspec.drafters.faulty import (
     make_faulty_drafter,
 )
 from banditspec.errors import BanditSpecValidationError
-from banditspec.runtime import build_drafters
+from banditspec.drafters.registry import build_drafters
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, oracle
 

@@ -1,4 +1,4 @@
-"""Triton adapter for the Eagle head: tensors in, banditspec.eagle.service, draft ids out."""
+"""Triton adapter for the Eagle head: tensors in, banditspec.drafters.eagle_service, draft ids out."""
 
 import json
 import logging
@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from banditspec.eagle.service import EAGLE_INPUTS, call_from_tensors
+from banditspec.drafters.eagle_service import EAGLE_INPUTS, call_from_tensors
 from banditspec.errors import BanditSpecValidationError
 
 log = logging.getLogger("banditspec.eagle")
@@ -17,7 +17,7 @@ class TritonPythonModel:
         import torch
 
         from banditspec.drafters.eagle import DEFAULT_MIN_CONFIDENCE, head_fit_problem, load_default_eagle_drafter
-        from banditspec.eagle.service import EagleService
+        from banditspec.drafters.eagle_service import EagleService
         from banditspec.engine.models import load_model
 
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}

@@ -8,7 +8,7 @@ costs its arm, never the request.
   loop must give up at its per-step deadline, drop the arm and go on.
 
 They are built only when a deployment lists them in the ``drafters`` parameter of the
-``banditspec`` model's config.pbtxt (see :func:`banditspec.runtime.build_drafters`); a
+``banditspec`` model's config.pbtxt (see :func:`banditspec.drafters.registry.build_drafters`); a
 request can name an arm only among the drafters the deployment built, so no request can
 switch them on. Never list them in a production configuration.
 """
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from banditspec.drafters.base import Draft, Drafter
+from banditspec.drafters.base import Draft, Drafter, empty_draft
 from banditspec.errors import BanditSpecValidationError
 
 FAULT_RAISE = "fault_raise"
@@ -32,8 +32,7 @@ class InjectedFault(RuntimeError):
     """The failure a ``fault_raise`` drafter raises on purpose."""
 
 
-def _empty() -> Draft:
-    return Draft(token_ids=np.zeros(0, dtype=np.int32))
+_empty = empty_draft
 
 
 class RaisingDrafter:

@@ -20,8 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from banditspec.drafters.base import Draft
-from banditspec.drafters.registry import draft_of, empty_draft, validated_max_len, validated_tokens
+from banditspec.drafters.base import Draft, draft_of, empty_draft, validated_max_len, validated_tokens
 from banditspec.drafters.rest_datastore import TokenDatastore, load_datastore
 from banditspec.errors import BanditSpecValidationError
 

@@ -21,6 +21,7 @@ from banditspec.metrics.prometheus import (
     triton_family_factory,
 )
 from banditspec.metrics.stats import ServingStats, StatsSnapshot, sample_engine
+from banditspec.outcomes import OUTCOMES
 
 __all__ = [
     "MetricFamilyFactory",
@@ -50,8 +51,6 @@ def build_serving_metrics(
     ``metrics`` parameter is false (or ``factory`` is None), a summary through ``log_line``
     (default: the ``banditspec.metrics`` logger) every ``metrics_log_interval_s`` seconds
     unless that is 0."""
-    from banditspec.serving import OUTCOMES
-
     enabled = params.get("metrics", "true").strip().lower() in ("1", "true", "yes", "on")
     try:
         interval = float(params.get("metrics_log_interval_s", "60"))
