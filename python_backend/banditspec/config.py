@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from banditspec.checks import is_int
 from banditspec.errors import BanditSpecValidationError
 
 VANILLA_ARM = "vanilla"
@@ -102,7 +103,7 @@ def validate_request(req: GenerationRequest, *, max_context: int, vocab_size: in
         )
     if any(not 0 <= int(t) < vocab_size for t in req.prompt_ids):
         raise BanditSpecValidationError("text_input", f"token ids must be in 0..{vocab_size - 1}")
-    if isinstance(req.max_tokens, bool) or not isinstance(req.max_tokens, int):
+    if not is_int(req.max_tokens):
         raise BanditSpecValidationError("max_tokens", "must be an integer")
     if req.max_tokens <= 0:
         raise BanditSpecValidationError("max_tokens", f"must be >= 1, got {req.max_tokens}")
@@ -114,7 +115,7 @@ def validate_request(req: GenerationRequest, *, max_context: int, vocab_size: in
             f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the "
             f"context length {max_context}",
         )
-    if isinstance(req.max_draft_len, bool) or not isinstance(req.max_draft_len, int):
+    if not is_int(req.max_draft_len):
         raise BanditSpecValidationError("max_draft_len", "must be an integer")
     if not 1 <= req.max_draft_len <= limits.max_draft_len:
         raise BanditSpecValidationError("max_draft_len", f"must be in 1..{limits.max_draft_len}, got {req.max_draft_len}")

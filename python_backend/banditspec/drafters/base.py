@@ -22,6 +22,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from banditspec.checks import check_int
 from banditspec.errors import BanditSpecValidationError
 
 MAX_TOKEN_ID = 2**31 - 1  # token ids are INT32 in the engine contract
@@ -84,9 +85,7 @@ def validated_tokens(values: Sequence[int] | np.ndarray, field: str) -> list[int
 
 def validated_max_len(max_len: int) -> int:
     """``max_len`` as an int >= 0 (0 asks for an empty draft)."""
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 0:
-        raise BanditSpecValidationError("max_len", f"must be an integer >= 0, got {max_len!r}")
-    return int(max_len)
+    return check_int("max_len", max_len, 0)
 
 
 def empty_draft() -> Draft:

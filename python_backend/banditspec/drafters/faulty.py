@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from banditspec.checks import check_int, is_number
 from banditspec.drafters.base import Draft, Drafter, empty_draft
 from banditspec.errors import BanditSpecValidationError
 
@@ -39,8 +40,7 @@ class RaisingDrafter:
     """Every session returns ``fail_after`` empty drafts, then raises on each ``propose``."""
 
     def __init__(self, *, fail_after: int = 0, name: str = FAULT_RAISE):
-        if isinstance(fail_after, bool) or not isinstance(fail_after, int) or fail_after < 0:
-            raise BanditSpecValidationError("fail_after", f"must be an integer >= 0, got {fail_after!r}")
+        check_int("fail_after", fail_after, 0)
         self.name = name
         self.fail_after = fail_after
         self._lock = threading.Lock()
@@ -80,7 +80,7 @@ class HangingDrafter:
     """
 
     def __init__(self, *, max_hang_s: float = 30.0, name: str = FAULT_HANG):
-        if isinstance(max_hang_s, bool) or not isinstance(max_hang_s, (int, float)) or not max_hang_s > 0:
+        if not is_number(max_hang_s) or not max_hang_s > 0:
             raise BanditSpecValidationError("max_hang_s", f"must be a number > 0, got {max_hang_s!r}")
         self.name = name
         self.max_hang_s = float(max_hang_s)
