@@ -93,10 +93,22 @@ class GenerationRequest:
     reward: str = "accepted"
 
 
+def check_prompt(prompt: str | Sequence[int] | None) -> None:
+    """``text_input`` must say something: a text that is not blank and holds no NUL
+    character (before tokenization), or a non-empty list of token ids (after)."""
+    if isinstance(prompt, str):
+        empty = not prompt.strip()
+    else:
+        empty = prompt is None or len(prompt) == 0
+    if empty:
+        raise BanditSpecValidationError("text_input", "the prompt is empty")
+    if isinstance(prompt, str) and "\x00" in prompt:
+        raise BanditSpecValidationError("text_input", "contains a NUL character")
+
+
 def validate_request(req: GenerationRequest, *, max_context: int, vocab_size: int, limits: Limits) -> None:
     """Raise BanditSpecValidationError naming the first bad field."""
-    if len(req.prompt_ids) == 0:
-        raise BanditSpecValidationError("text_input", "the prompt is empty")
+    check_prompt(req.prompt_ids)
     if len(req.prompt_ids) > limits.max_prompt_tokens:
         raise BanditSpecValidationError(
             "text_input", f"prompt has {len(req.prompt_ids)} tokens, the limit is {limits.max_prompt_tokens}"
