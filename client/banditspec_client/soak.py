@@ -384,7 +384,7 @@ def run_soak(server, cases: list[SoakCase], reference: VanillaReference, *, conc
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="soak") as pool:
         list(pool.map(runner.run_case, cases))
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and runner.sample(started, lambda: [], set()).active_sequences > 0:
+    while time.monotonic() < deadline and runner.sample(started, list, set()).active_sequences > 0:
         time.sleep(0.2)  # cancelled sequences stop at their next step
     stop.set()
     thread.join()

@@ -6,29 +6,30 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
+from typing import TypeGuard
 
 from banditspec.errors import BanditSpecValidationError
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """An integer (Python or numpy); a bool is not one."""
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[float]:
     """A real number (Python or numpy, integer or float); a bool is not one."""
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
 def is_finite(value: object) -> bool:
     """A real number that is neither infinite nor NaN."""
-    return is_number(value) and math.isfinite(value)  # type: ignore[arg-type]
+    return is_number(value) and math.isfinite(value)
 
 
 def check_int(field: str, value: object, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int in [low, high] (either bound optional), else
     BanditSpecValidationError(field, "must be an integer ..., got ...")."""
-    if not is_int(value) or (low is not None and value < low) or (high is not None and value > high):  # type: ignore[operator]
+    if not is_int(value) or (low is not None and value < low) or (high is not None and value > high):
         if low is not None and high is not None:
             bounds = f" in {low}..{high}"
         elif low is not None:
@@ -38,4 +39,4 @@ def check_int(field: str, value: object, low: int | None = None, high: int | Non
         else:
             bounds = ""
         raise BanditSpecValidationError(field, f"must be an integer{bounds}, got {value!r}")
-    return int(value)  # type: ignore[call-overload]
+    return int(value)

@@ -248,7 +248,7 @@ class DecodingSession:
         truncated = False
         if self.controller is not None:
             arm_index, draft = self._choose_costaware(limit)
-        while self.controller is None and self._available and limit > 0:
+        while self.policy is not None and self._available and limit > 0:
             arm_index = self.policy.select(self._available)
             arm = self.arms[arm_index]
             if not arm.drafter:
@@ -256,8 +256,9 @@ class DecodingSession:
             # Cut short by the request's end (max_tokens/context) says little about the arm:
             # no reward. Cut by the server-wide gamma cap, it is the arm as served: rewarded.
             truncated = end_limit < arm.gamma
-            draft = self._propose(arm, min(arm.gamma, limit))
-            if draft is not None:
+            proposed = self._propose(arm, min(arm.gamma, limit))
+            if proposed is not None:
+                draft = proposed
                 break
             arm_index, draft = None, Draft()  # the drafter failed and was dropped: choose again
         gamma = len(draft)

@@ -23,7 +23,6 @@ def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int
     ``reps`` x k = 1..max_tokens new tokens after ``cached`` cached tokens (~1-3 s)."""
     import numpy as np
 
-    from banditspec.bandits.cost_model import calibrate
     from banditspec.engine.contract import VerifyRequest
 
     rng = np.random.default_rng(seed)

@@ -28,7 +28,7 @@ from banditspec.outcomes import (  # how a request ended (Controller.on_request_
     OUTCOME_INVALID,
     OUTCOME_SUCCESS,
     OUTCOME_TARGET_ERROR,
-    OUTCOMES,
+    OUTCOMES as OUTCOMES,  # re-exported: the label values of the requests metric
 )
 from banditspec.text import IncrementalDetokenizer, prompt_ids, stop_sequences
 from banditspec import trtllm_compat

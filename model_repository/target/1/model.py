@@ -6,7 +6,6 @@ import faulthandler
 import logging
 import signal
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from banditspec.batching.prefill_split import ContinuationSplitter

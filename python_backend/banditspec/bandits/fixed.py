@@ -8,7 +8,6 @@ rejects bad input with the same :class:`BanditSpecValidationError` messages.
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 from typing import Sequence
 
 import numpy as np

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 from banditspec.checks import check_int, is_number
 from banditspec.config import MAX_SPECULATION_LENGTH
