@@ -28,7 +28,7 @@ from banditspec.bandits.base import Policy
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import Candidate, CostAwarePolicy, SharedAcceptance, context_bucket
 from banditspec.bandits.registry import COSTAWARE, ResolvedPolicy, build_policy, resolve_policy
-from banditspec.budget import SpeculationBudget, UnlimitedBudget
+from banditspec.gamma_controller.budget import SpeculationBudget, UnlimitedBudget
 from banditspec.config import (
     VANILLA_ARM,
     ArmSpec,

@@ -89,7 +89,7 @@ class ServingConfig:
     max_concurrent_sequences: int = 8
     limits: Limits = field(default_factory=lambda: Limits(max_prompt_tokens=1536))
     drafter_deadline_s: float = 0.5
-    gamma_controller: str = "off"  # off | ucb | fixed:<K> (banditspec.batching.budgets)
+    gamma_controller: str = "off"  # off | ucb | fixed:<K> (banditspec.gamma_controller.budgets)
     gamma_controller_max: int = 4
     metrics: bool = True
     metrics_log_interval_s: float = 60.0  # 0: no summary log line

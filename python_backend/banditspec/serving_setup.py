@@ -5,8 +5,8 @@ Paths and models come only from there, never from a request."""
 
 from __future__ import annotations
 
-from banditspec.batching import make_gamma_budget
-from banditspec.batching.uniform_inputs import with_empty_drafts
+from banditspec.gamma_controller import make_gamma_budget
+from banditspec.engine.uniform_inputs import with_empty_drafts
 from banditspec.decoding import SpeculativeDecoder
 from banditspec.drafters.registry import build_drafters
 from banditspec.engine.tensor_codec import InferFn, TensorEngine

@@ -8,8 +8,8 @@ import signal
 
 import triton_python_backend_utils as pb_utils
 
-from banditspec.batching.prefill_split import ContinuationSplitter
-from banditspec.batching.target_metrics import VerifyBatchMetrics
+from banditspec.engine.prefill_split import ContinuationSplitter
+from banditspec.engine.target_metrics import VerifyBatchMetrics
 from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
 from banditspec.engine.reference import validate_request
 from banditspec.engine.tensor_codec import decode_request, encode_result

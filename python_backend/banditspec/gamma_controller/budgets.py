@@ -2,16 +2,16 @@
 
 * ``off``      no server-wide cap (each request's arms decide);
 * ``fixed:K``  every sequence drafts at most K tokens per step (K = 0: plain decoding);
-* ``ucb``      :class:`~banditspec.batching.controller.ThroughputGammaController`, which
+* ``ucb``      :class:`~banditspec.gamma_controller.controller.ThroughputGammaController`, which
                learns the cap in 0..L from measured throughput per load context.
 """
 
 from __future__ import annotations
 
 from banditspec.checks import check_int, is_int
-from banditspec.batching.config import GammaControllerConfig
-from banditspec.batching.controller import ThroughputGammaController
-from banditspec.budget import SpeculationBudget, UnlimitedBudget
+from banditspec.gamma_controller.config import GammaControllerConfig
+from banditspec.gamma_controller.controller import ThroughputGammaController
+from banditspec.gamma_controller.budget import SpeculationBudget, UnlimitedBudget
 from banditspec.config import MAX_SPECULATION_LENGTH
 from banditspec.errors import BanditSpecValidationError
 
