@@ -15,8 +15,6 @@ read-only per step (drafters, limits, engine facts).
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ from banditspec.config import (
     validate_request,
 )
 from banditspec.drafters.base import Draft, Drafter, DraftSession
+from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
 from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
 from banditspec.errors import BanditSpecValidationError
 from banditspec.rewards import make_reward
@@ -524,55 +523,6 @@ def _is_costly(drafter: Drafter) -> bool:
     """A drafter whose proposal costs a model call (Eagle, a draft engine): it proposes only
     when chosen and learns from bandit feedback; the others propose every round."""
     return bool(getattr(drafter, "needs_hidden_states", False) or getattr(drafter, "costly", False))
-
-
-class ProposeTimeout(Exception):
-    """A proposal did not return within the per-step deadline."""
-
-
-class ProposeWorker:
-    """One request's drafter proposals, run on a private daemon thread so that a step
-    can stop waiting for a drafter that overruns its deadline, even one whose
-    ``propose()`` never returns: that arm is dropped and the request goes on.
-
-    A thread abandoned after a timeout finishes the stuck call (its result is discarded)
-    and exits; the session starts a new worker for its next proposal.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="banditspec-propose", daemon=True)
-        self._thread.start()
-
-    def call(self, fn, arg, *, timeout: float):
-        """``fn(arg)`` on the worker thread; raises ProposeTimeout after ``timeout`` s,
-        or what ``fn`` raised."""
-        done = threading.Event()
-        box: list = []
-        self._jobs.put((fn, arg, box, done))
-        if not done.wait(timeout):
-            self.stop()
-            raise ProposeTimeout()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
-
-    def stop(self) -> None:
-        """Let the thread exit once its current call (if any) returns."""
-        self._jobs.put(None)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, arg, box, done = job
-            try:
-                box.append((True, fn(arg)))
-            except BaseException as exc:  # handed to the caller, never lost on this thread
-                box.append((False, exc))
-            done.set()
 
 
 def generate(engine: Engine, session: DecodingSession) -> Iterator[StepEvent]:

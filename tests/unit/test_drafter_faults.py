@@ -8,7 +8,8 @@ import time
 import pytest
 
 from banditspec.config import GenerationRequest
-from banditspec.decoding import ProposeTimeout, ProposeWorker, SpeculativeDecoder, run_to_completion
+from banditspec.decoding import SpeculativeDecoder, run_to_completion
+from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
 from banditspec.drafters.faulty import (
     FAULTY_DRAFTER_NAMES,
     HangingDrafter,
