@@ -81,6 +81,7 @@ class ServingConfig:
     eagle_model: str = ""  # the Triton model of the Eagle head; "": in this process
     rest_datastore: Path | None = None  # None: the default datastore
     draft_name: str = "draft"  # the Triton model of a separate draft engine
+    drafter_plugin: Path | None = None  # a file that adds drafters by name (tests only)
     default_policy: str = DEFAULT_POLICY
     default_arms: tuple[str, ...] | None = None  # None: every arm the deployment serves
     default_max_draft_len: int = 4
@@ -114,6 +115,7 @@ class ServingConfig:
             eagle_model=p.text("eagle_model", "").strip(),
             rest_datastore=None if datastore in ("", "default") else Path(datastore),
             draft_name=p.text("draft_name", "draft"),
+            drafter_plugin=Path(plugin) if (plugin := p.text("drafter_plugin", "").strip()) else None,
             default_policy=check_policy(p.text("default_policy", DEFAULT_POLICY), field="default_policy"),
             default_arms=p.names("default_arms", "") or None,
             default_max_draft_len=p.integer("default_max_draft_len", 4),

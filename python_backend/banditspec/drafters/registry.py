@@ -3,17 +3,21 @@
 * :func:`make_drafter`: one non-parametric drafter (``pld``, ``suffix``, ``rest``) with options;
 * :func:`build_drafters`: the drafters of a deployment or of an in-process stack, by name:
   those three, ``eagle`` (the head in this process, the ``eagle`` Triton model through BLS,
-  or a TensorRT-LLM Eagle engine), ``draft`` (a separate draft engine) and the test-only
-  ``fault_*`` drafters. An arm the deployment cannot serve is left out (logged).
+  or a TensorRT-LLM Eagle engine), ``draft`` (a separate draft engine), and those of a
+  drafter plug-in (a Python file outside the package, e.g. the tests' fault drafters).
+  An arm the deployment cannot serve is left out (logged).
 
 The helpers every drafter shares live in :mod:`banditspec.drafters.base`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Sequence
 
 from banditspec.drafters.base import Drafter
@@ -72,6 +76,7 @@ def build_drafters(
     draft_model_name: str = "draft",
     eagle_model: str = "",
     eagle_engine: bool = False,
+    plugin: Path | None = None,
 ) -> dict[str, Drafter]:
     """Drafters by name, in ``names`` order.
 
@@ -82,19 +87,19 @@ def build_drafters(
     is possible, or when the shipped head does not fit the target ``target_name``.
     ``draft``: a separate draft engine ``draft_model_name``, reached through ``infer``.
     ``rest``: ``rest_datastore`` or the default datastore built once into the cache folder.
-    ``fault_*``: the test-only fault drafters (config.pbtxt only).
+    ``plugin``: a Python file that defines ``DRAFTER_NAMES`` and ``make_drafter(name)``;
+    it builds the drafters of those names (configuration only, e.g. tests/fault_drafters.py).
     """
+    extra = load_plugin(plugin) if plugin is not None else None
     drafters: dict[str, Drafter] = {}
     for name in names:
         drafter: Drafter | None
-        if name == "eagle":
+        if extra is not None and name in extra.DRAFTER_NAMES:
+            drafter = extra.make_drafter(name)
+        elif name == "eagle":
             drafter = _eagle(tokenizer, target_model, load_target_model, target_name, infer, eagle_model, eagle_engine)
         elif name == "draft":
             drafter = _draft_engine(infer, draft_model_name, tokenizer) if infer is not None else None
-        elif name.startswith("fault_"):  # test-only fault injection (config.pbtxt only)
-            from banditspec.drafters.faulty import make_faulty_drafter
-
-            drafter = make_faulty_drafter(name)
         elif name == "rest":
             from banditspec.drafters.rest_datastore import default_datastore
 
@@ -105,6 +110,26 @@ def build_drafters(
         if drafter is not None:
             drafters[name] = drafter
     return drafters
+
+
+def load_plugin(path: Path) -> ModuleType:
+    """The drafter plug-in in the file ``path``, executed once per process."""
+    path = Path(path).resolve()
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve() == path:
+            return module
+    if not path.is_file():
+        raise BanditSpecValidationError("drafter_plugin", f"no such file: {path}")
+    spec = importlib.util.spec_from_file_location(f"banditspec_drafter_plugin_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise BanditSpecValidationError("drafter_plugin", f"not a Python module: {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    if not isinstance(getattr(module, "DRAFTER_NAMES", None), tuple) or not callable(getattr(module, "make_drafter", None)):
+        raise BanditSpecValidationError("drafter_plugin", f"{path} defines no DRAFTER_NAMES tuple and make_drafter(name)")
+    return module
 
 
 def _draft_engine(infer: Callable, model_name: str, tokenizer: Any) -> Drafter:

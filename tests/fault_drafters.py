@@ -7,10 +7,10 @@ costs its arm, never the request.
   passes, a safety net so that a test can never leak a thread for long). The decoding
   loop must give up at its per-step deadline, drop the arm and go on.
 
-They are built only when a deployment lists them in the ``drafters`` parameter of the
-``banditspec`` model's config.pbtxt (see :func:`banditspec.drafters.registry.build_drafters`); a
-request can name an arm only among the drafters the deployment built, so no request can
-switch them on. Never list them in a production configuration.
+They live outside the shipped package. A deployment under test reaches them as a drafter
+plug-in: its ``drafter_plugin`` parameter names this file and its ``drafters`` parameter
+lists them (see :func:`banditspec.drafters.registry.build_drafters`); a request can name an
+arm only among the drafters the deployment built, so no request can switch them on.
 """
 
 from __future__ import annotations
@@ -128,3 +128,8 @@ def make_faulty_drafter(name: str) -> Drafter:
     if name == FAULT_HANG:
         return HangingDrafter()
     raise BanditSpecValidationError("drafters", f"unknown fault drafter {name!r}; expected one of {FAULTY_DRAFTER_NAMES}")
+
+
+# The drafter plug-in interface (banditspec.drafters.registry.build_drafters, ``plugin``).
+DRAFTER_NAMES = FAULTY_DRAFTER_NAMES
+make_drafter = make_faulty_drafter
