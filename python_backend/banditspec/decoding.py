@@ -18,7 +18,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Generator, Mapping, Sequence
 
 import numpy as np
 
@@ -525,7 +525,7 @@ def _is_costly(drafter: Drafter) -> bool:
     return bool(getattr(drafter, "needs_hidden_states", False) or getattr(drafter, "costly", False))
 
 
-def generate(engine: Engine, session: DecodingSession) -> Iterator[StepEvent]:
+def generate(engine: Engine, session: DecodingSession) -> Generator[StepEvent, None, None]:
     """Drive one session against an engine, one verification call per step."""
     try:
         while not session.finished:

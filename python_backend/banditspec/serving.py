@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -111,7 +111,7 @@ class ServingDefaults:
     max_concurrent_sequences: int = 8
 
 
-def _one(name: str, value: np.ndarray) -> object:
+def _one(name: str, value: np.ndarray) -> Any:
     arr = np.asarray(value)
     if arr.size != 1:
         raise BanditSpecValidationError(name, f"expected a single value, got shape {list(arr.shape)}")

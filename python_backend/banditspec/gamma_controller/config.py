@@ -11,9 +11,8 @@ from banditspec.errors import BanditSpecValidationError
 
 
 def _check_real(field: str, value: object, low: float, high: float, *, low_open: bool = False) -> None:
-    ok = is_number(value) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and value <= high
-    if not ok:
+    in_range = is_number(value) and math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not in_range:
         interval = f"{'(' if low_open else '['}{low}, {high}]"
         raise BanditSpecValidationError(field, f"must be a number in {interval}, got {value!r}")
 
