@@ -133,7 +133,9 @@ def report(results: list[dict], meta: dict) -> str:
     ]
     for r in results:
         m = r["metrics"]
-        g = lambda tag, k: (m.get(tag) or {}).get(k)  # noqa: E731
+        def g(tag, k, m=m):
+            return (m.get(tag) or {}).get(k)
+
         lines.append(
             f"| {r['policy']} | {r['concurrency']} | {_fmt(m.get('request_count'))} | {_fmt(m.get('error_request_count'))} "
             f"| {_fmt(g('time_to_first_token', 'avg'))} | {_fmt(g('time_to_first_token', 'p50'))} | {_fmt(g('time_to_first_token', 'p99'))} "

@@ -47,7 +47,7 @@ class InProcessRunner:
         self._decoders: dict[str, object] = {}
 
     def _build(self, names: Sequence[str]) -> dict:
-        from banditspec.runtime import build_drafters
+        from banditspec.drafters.registry import build_drafters
 
         built = build_drafters(list(names), self.tokenizer, target_model=self.engine.model)
         missing = [n for n in names if n not in built]

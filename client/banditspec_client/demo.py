@@ -5,8 +5,6 @@ side by side, same server)."""
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 from banditspec.config import DEFAULT_POLICY
 from banditspec.paths import cache_dir

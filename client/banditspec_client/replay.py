@@ -114,7 +114,7 @@ def record(args, prompts: list[tuple[str, str]]):
     from banditspec.engine.models import load_tokenizer
     from banditspec.paths import cache_dir
     from banditspec.replay import Trace, record_proposals
-    from banditspec.runtime import build_drafters
+    from banditspec.drafters.registry import build_drafters
     from banditspec.text import prompt_ids
 
     tokenizer = load_tokenizer(args.model)

@@ -21,11 +21,16 @@ import random
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from banditspec_client.prometheus_text import (  # noqa: F401  (the soak's metrics, re-exported)
+    Series,
+    metric_total,
+    parse_metrics,
+    scrape_metrics,
+)
 from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
 
 MB = 1024 * 1024
@@ -115,37 +120,6 @@ def leftovers(processes: list[ProcessInfo], wait_s: float = 5.0) -> tuple[list[i
         time.sleep(0.1)
     regions = [p.shm_region for p in processes if p.shm_region and (Path("/dev/shm") / p.shm_region).exists()]
     return alive, regions
-
-
-# --- Prometheus scrape --------------------------------------------------------------------
-
-Series = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def parse_metrics(text: str) -> Series:
-    """Prometheus text format -> {name: [(labels, value)]}."""
-    out: Series = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name, _, label_text = head.partition("{")
-        labels = {}
-        for item in label_text.rstrip("}").split('",') if label_text else []:
-            key, _, val = item.partition("=")
-            labels[key.strip(",")] = val.strip('"')
-        out.setdefault(name, []).append((labels, float(value)))
-    return out
-
-
-def scrape_metrics(metrics_port: int, host: str = "localhost") -> Series:
-    with urllib.request.urlopen(f"http://{host}:{metrics_port}/metrics", timeout=10) as resp:
-        return parse_metrics(resp.read().decode())
-
-
-def metric_total(series: Series, name: str, **labels: str) -> float:
-    """Sum of the series of ``name`` whose labels include ``labels`` (0 when absent)."""
-    return sum(v for lab, v in series.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
 
 
 # --- the reference: plain greedy decoding in this process ---------------------------------
@@ -410,7 +384,7 @@ def run_soak(server, cases: list[SoakCase], reference: VanillaReference, *, conc
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="soak") as pool:
         list(pool.map(runner.run_case, cases))
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and runner.sample(started, lambda: [], set()).active_sequences > 0:
+    while time.monotonic() < deadline and runner.sample(started, list, set()).active_sequences > 0:
         time.sleep(0.2)  # cancelled sequences stop at their next step
     stop.set()
     thread.join()

@@ -102,7 +102,7 @@ class StubWatch:
 
 def active_sequences(metrics_port: int) -> float | None:
     """``nv_banditspec_active_sequences`` summed over models; None when unreadable."""
-    from banditspec_client.soak import metric_total, scrape_metrics
+    from banditspec_client.prometheus_text import metric_total, scrape_metrics
 
     try:
         return metric_total(scrape_metrics(metrics_port), "nv_banditspec_active_sequences")

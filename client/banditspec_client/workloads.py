@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from banditspec.checks import is_int
 from banditspec.errors import BanditSpecValidationError
 
 WORKLOADS: tuple[str, ...] = ("code", "code-edit", "chat", "mixed")
@@ -113,7 +114,7 @@ def load_workload(name: str, n: int | None = None, *, seed: int = 0) -> list[Pro
     """The first ``n`` prompts (all when None) of workload ``name``, in its fixed order."""
     if name not in WORKLOADS:
         raise BanditSpecValidationError("workload", f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+    if n is not None and (not is_int(n) or n < 1):
         raise BanditSpecValidationError("prompts", f"must be an integer >= 1, got {n!r}")
     if name != "mixed":
         items = _shuffled(name, seed)[:n]

@@ -11,12 +11,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from banditspec.checks import is_int
 from banditspec.errors import BanditSpecValidationError
 
 VANILLA_ARM = "vanilla"
 MAX_SPECULATION_LENGTH = 16  # upper bound for L (TensorRT-LLM engines are built with max_draft_len <= this)
-POLICY_CHOICES = ("costaware", "vanilla", "ucbspec", "exp3spec", "uniform")  # plus "fixed:<arm>"
-DEFAULT_POLICY = "costaware"  # the one default: cost-aware, full-information, warm-started
+# The one default policy: cost-aware, full-information, warm-started. Every policy name, and
+# what a policy string and an arm list turn into, is in banditspec.bandits.registry.
+DEFAULT_POLICY = "costaware"
 REWARD_CHOICES = ("accepted", "throughput")
 
 
@@ -74,6 +76,7 @@ class GenerationRequest:
     stop_sequences: token-id sequences; generation stops before the first occurrence
     arms:           arm names (see module doc); None = the decoder's default arm set
     policy:         costaware (default) | vanilla | ucbspec | exp3spec | uniform | fixed:<arm>
+                    (checked and resolved with the arms by banditspec.bandits.registry)
     max_draft_len:  L, the longest speculation; an arm without ``@gamma`` drafts L tokens
     reward:         accepted (paper: accepted + 1) | throughput (cost-aware: accepted + 1
                     scaled by the step's measured time against the request's fastest step)
@@ -90,17 +93,29 @@ class GenerationRequest:
     reward: str = "accepted"
 
 
+def check_prompt(prompt: str | Sequence[int] | None) -> None:
+    """``text_input`` must say something: a text that is not blank and holds no NUL
+    character (before tokenization), or a non-empty list of token ids (after)."""
+    if isinstance(prompt, str):
+        empty = not prompt.strip()
+    else:
+        empty = prompt is None or len(prompt) == 0
+    if empty:
+        raise BanditSpecValidationError("text_input", "the prompt is empty")
+    if isinstance(prompt, str) and "\x00" in prompt:
+        raise BanditSpecValidationError("text_input", "contains a NUL character")
+
+
 def validate_request(req: GenerationRequest, *, max_context: int, vocab_size: int, limits: Limits) -> None:
     """Raise BanditSpecValidationError naming the first bad field."""
-    if len(req.prompt_ids) == 0:
-        raise BanditSpecValidationError("text_input", "the prompt is empty")
+    check_prompt(req.prompt_ids)
     if len(req.prompt_ids) > limits.max_prompt_tokens:
         raise BanditSpecValidationError(
             "text_input", f"prompt has {len(req.prompt_ids)} tokens, the limit is {limits.max_prompt_tokens}"
         )
     if any(not 0 <= int(t) < vocab_size for t in req.prompt_ids):
         raise BanditSpecValidationError("text_input", f"token ids must be in 0..{vocab_size - 1}")
-    if isinstance(req.max_tokens, bool) or not isinstance(req.max_tokens, int):
+    if not is_int(req.max_tokens):
         raise BanditSpecValidationError("max_tokens", "must be an integer")
     if req.max_tokens <= 0:
         raise BanditSpecValidationError("max_tokens", f"must be >= 1, got {req.max_tokens}")
@@ -112,7 +127,7 @@ def validate_request(req: GenerationRequest, *, max_context: int, vocab_size: in
             f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the "
             f"context length {max_context}",
         )
-    if isinstance(req.max_draft_len, bool) or not isinstance(req.max_draft_len, int):
+    if not is_int(req.max_draft_len):
         raise BanditSpecValidationError("max_draft_len", "must be an integer")
     if not 1 <= req.max_draft_len <= limits.max_draft_len:
         raise BanditSpecValidationError("max_draft_len", f"must be in 1..{limits.max_draft_len}, got {req.max_draft_len}")
@@ -130,8 +145,3 @@ def validate_request(req: GenerationRequest, *, max_context: int, vocab_size: in
             )
     if req.reward not in REWARD_CHOICES:
         raise BanditSpecValidationError("reward", f"unknown reward {req.reward!r}; choose from {REWARD_CHOICES}")
-    policy = req.policy
-    if not (policy in POLICY_CHOICES or (policy.startswith("fixed:") and len(policy) > len("fixed:"))):
-        raise BanditSpecValidationError(
-            "policy", f"unknown policy {policy!r}; choose from {', '.join(POLICY_CHOICES)} or fixed:<arm>"
-        )

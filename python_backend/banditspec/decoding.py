@@ -15,28 +15,27 @@ read-only per step (drafters, limits, engine facts).
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Generator, Mapping, Sequence
 
 import numpy as np
 
 from banditspec.bandits.base import Policy
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import Candidate, CostAwarePolicy, SharedAcceptance, context_bucket
-from banditspec.budget import SpeculationBudget, UnlimitedBudget
+from banditspec.bandits.registry import COSTAWARE, ResolvedPolicy, build_policy, resolve_policy
+from banditspec.gamma_controller.budget import SpeculationBudget, UnlimitedBudget
 from banditspec.config import (
     VANILLA_ARM,
     ArmSpec,
     GenerationRequest,
     Limits,
-    parse_arm,
     validate_request,
 )
 from banditspec.drafters.base import Draft, Drafter, DraftSession
+from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
 from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
 from banditspec.errors import BanditSpecValidationError
 from banditspec.rewards import make_reward
@@ -172,54 +171,25 @@ class SpeculativeDecoder:
             **kwargs,
         )
 
-    def resolve_arms(self, request: GenerationRequest) -> tuple[list[ArmSpec], str]:
-        """The request's arm list and the policy that runs over it."""
-        known = list(self.drafters)
-        policy = request.policy
-        if policy == "vanilla":
-            return [ArmSpec("", 0)], "fixed"
-        if policy.startswith("fixed:"):
-            return [parse_arm(policy[len("fixed:"):], request.max_draft_len, known)], "fixed"
-        names = list(request.arms) if request.arms is not None else self.default_arms
-        if not names:
-            raise BanditSpecValidationError("arms", "the arm list is empty")
-        if policy == COSTAWARE:  # it chooses gamma per round: an arm names a drafter (@gamma caps it)
-            names = [n for n in names if n != VANILLA_ARM]  # plain decoding is always a choice
-            if not names:
-                return [], policy
-        arms = [parse_arm(n, request.max_draft_len, known) for n in names]
-        if len({a.name for a in arms}) != len(arms):
-            raise BanditSpecValidationError("arms", "an arm is listed twice")
-        return arms, policy
+    def resolve_arms(self, request: GenerationRequest) -> ResolvedPolicy:
+        """The request's policy kind and the arms it runs over (bandits.registry)."""
+        arm_names = list(request.arms) if request.arms is not None else self.default_arms
+        return resolve_policy(
+            request.policy, arm_names, max_draft_len=request.max_draft_len, known_drafters=list(self.drafters)
+        )
 
     def start(self, request: GenerationRequest) -> "DecodingSession":
         validate_request(request, max_context=self.max_context, vocab_size=self.vocab_size, limits=self.limits)
-        arms, policy_name = self.resolve_arms(request)
-        return DecodingSession(self, request, arms, policy_name)
-
-
-COSTAWARE = "costaware"
-
-
-def _make_policy(name: str, n_arms: int, max_draft_len: int, seed: int, reward: str = "accepted") -> Policy:
-    from banditspec.bandits.fixed import FixedArmPolicy
-    from banditspec.bandits.registry import make_policy
-
-    if name == "fixed":
-        return FixedArmPolicy(arm=0, n_arms=n_arms)
-    rng = np.random.default_rng(seed)
-    # accepted + 1 lies in [1, L + 1] (width L); the throughput reward in [0, L + 1].
-    width = float(max_draft_len + 1 if reward == "throughput" else max_draft_len)
-    return make_policy(name, n_arms=n_arms, reward_range=width, max_reward=float(max_draft_len + 1), rng=rng)
+        return DecodingSession(self, request, self.resolve_arms(request))
 
 
 class DecodingSession:
     """One request's decoding state; see the module docstring for the step protocol."""
 
-    def __init__(self, decoder: SpeculativeDecoder, request: GenerationRequest, arms: list[ArmSpec], policy_name: str):
+    def __init__(self, decoder: SpeculativeDecoder, request: GenerationRequest, resolved: ResolvedPolicy):
         self._decoder = decoder
         self._request = request
-        self.arms = arms
+        self.arms = arms = resolved.arms
         self._prompt = [int(t) for t in request.prompt_ids]
         self._sequence = list(self._prompt)  # prompt + generated (before stop-word cuts)
         self._generated: list[int] = []
@@ -227,14 +197,17 @@ class DecodingSession:
         self._stop_sequences = [list(map(int, s)) for s in request.stop_sequences]
         self._clock = decoder.clock
         self._cost_model = decoder.cost_model
-        self.controller: CostAwarePolicy | None = None
-        if policy_name == COSTAWARE:
-            self.policy = None  # type: ignore[assignment]
-            self.controller = CostAwarePolicy(
-                [a.drafter for a in arms], request.max_draft_len, decoder.cost_model, decoder.shared_acceptance
-            )
-        else:
-            self.policy = _make_policy(policy_name, len(arms), request.max_draft_len, request.seed, request.reward)
+        chosen = build_policy(
+            resolved,
+            max_draft_len=request.max_draft_len,
+            seed=request.seed,
+            reward=request.reward,
+            cost_model=decoder.cost_model,
+            shared_acceptance=decoder.shared_acceptance,
+        )
+        # costaware chooses (drafter, gamma) itself; the others choose an arm index
+        self.controller: CostAwarePolicy | None = chosen if isinstance(chosen, CostAwarePolicy) else None
+        self.policy: Policy | None = None if isinstance(chosen, CostAwarePolicy) else chosen
         self._reward = make_reward(request.reward, decoder.cost_model, request.max_draft_len)
         # Full information: proposals not fully scored, (drafter, bucket, start, tokens,
         # positions scored so far); outcomes are recorded as the target's tokens arrive.
@@ -276,7 +249,7 @@ class DecodingSession:
         truncated = False
         if self.controller is not None:
             arm_index, draft = self._choose_costaware(limit)
-        while self.controller is None and self._available and limit > 0:
+        while self.policy is not None and self._available and limit > 0:
             arm_index = self.policy.select(self._available)
             arm = self.arms[arm_index]
             if not arm.drafter:
@@ -284,8 +257,9 @@ class DecodingSession:
             # Cut short by the request's end (max_tokens/context) says little about the arm:
             # no reward. Cut by the server-wide gamma cap, it is the arm as served: rewarded.
             truncated = end_limit < arm.gamma
-            draft = self._propose(arm, min(arm.gamma, limit))
-            if draft is not None:
+            proposed = self._propose(arm, min(arm.gamma, limit))
+            if proposed is not None:
+                draft = proposed
                 break
             arm_index, draft = None, Draft()  # the drafter failed and was dropped: choose again
         gamma = len(draft)
@@ -557,56 +531,7 @@ def _is_costly(drafter: Drafter) -> bool:
     return bool(getattr(drafter, "needs_hidden_states", False) or getattr(drafter, "costly", False))
 
 
-class ProposeTimeout(Exception):
-    """A proposal did not return within the per-step deadline."""
-
-
-class ProposeWorker:
-    """One request's drafter proposals, run on a private daemon thread so that a step
-    can stop waiting for a drafter that overruns its deadline, even one whose
-    ``propose()`` never returns: that arm is dropped and the request goes on.
-
-    A thread abandoned after a timeout finishes the stuck call (its result is discarded)
-    and exits; the session starts a new worker for its next proposal.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="banditspec-propose", daemon=True)
-        self._thread.start()
-
-    def call(self, fn, arg, *, timeout: float):
-        """``fn(arg)`` on the worker thread; raises ProposeTimeout after ``timeout`` s,
-        or what ``fn`` raised."""
-        done = threading.Event()
-        box: list = []
-        self._jobs.put((fn, arg, box, done))
-        if not done.wait(timeout):
-            self.stop()
-            raise ProposeTimeout()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
-
-    def stop(self) -> None:
-        """Let the thread exit once its current call (if any) returns."""
-        self._jobs.put(None)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, arg, box, done = job
-            try:
-                box.append((True, fn(arg)))
-            except BaseException as exc:  # handed to the caller, never lost on this thread
-                box.append((False, exc))
-            done.set()
-
-
-def generate(engine: Engine, session: DecodingSession) -> Iterator[StepEvent]:
+def generate(engine: Engine, session: DecodingSession) -> Generator[StepEvent, None, None]:
     """Drive one session against an engine, one verification call per step."""
     try:
         while not session.finished:

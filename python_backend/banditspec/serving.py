@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -21,6 +21,15 @@ from banditspec.config import DEFAULT_POLICY, GenerationRequest
 from banditspec.decoding import SpeculativeDecoder, generate
 from banditspec.engine.contract import Engine
 from banditspec.errors import BanditSpecValidationError, EngineError
+from banditspec.outcomes import (  # how a request ended (Controller.on_request_done)
+    OUTCOME_BUSY,
+    OUTCOME_CANCELLED,
+    OUTCOME_INTERNAL,
+    OUTCOME_INVALID,
+    OUTCOME_SUCCESS,
+    OUTCOME_TARGET_ERROR,
+    OUTCOMES as OUTCOMES,  # re-exported: the label values of the requests metric
+)
 from banditspec.text import IncrementalDetokenizer, prompt_ids, stop_sequences
 from banditspec import trtllm_compat
 
@@ -89,15 +98,6 @@ INPUT_KINDS: dict[str, str] = {
 }
 REQUIRED_INPUTS = ("text_input", "max_tokens")
 
-# How a request ended, as reported to Controller.on_request_done (metrics label values).
-OUTCOME_SUCCESS = "success"
-OUTCOME_CANCELLED = "cancelled"
-OUTCOME_INVALID = "invalid"
-OUTCOME_BUSY = "busy"
-OUTCOME_TARGET_ERROR = "target_error"
-OUTCOME_INTERNAL = "internal"
-OUTCOMES = (OUTCOME_SUCCESS, OUTCOME_CANCELLED, OUTCOME_INVALID, OUTCOME_BUSY, OUTCOME_TARGET_ERROR, OUTCOME_INTERNAL)
-
 
 @dataclass(frozen=True)
 class ServingDefaults:
@@ -111,7 +111,7 @@ class ServingDefaults:
     max_concurrent_sequences: int = 8
 
 
-def _one(name: str, value: np.ndarray) -> object:
+def _one(name: str, value: np.ndarray) -> Any:
     arr = np.asarray(value)
     if arr.size != 1:
         raise BanditSpecValidationError(name, f"expected a single value, got shape {list(arr.shape)}")
@@ -129,8 +129,41 @@ def _text(name: str, raw: object) -> str:
     raise BanditSpecValidationError(name, f"must be a string, got {type(raw).__name__}")
 
 
-def parse_inputs(inputs: Mapping[str, np.ndarray | None], defaults: ServingDefaults) -> dict:
-    """Request tensors -> plain values, with every check that needs no tokenizer."""
+@dataclass(frozen=True)
+class RequestInputs:
+    """One request's inputs as typed values, checked once (every check that needs no
+    tokenizer), with the server's defaults applied and TensorRT-LLM's inputs resolved
+    (``compat``: sampling, seed, echo, what num_draft_tokens asks for)."""
+
+    text_input: str
+    max_tokens: int
+    stream: bool
+    policy: str
+    arms: list[str] | None
+    max_draft_len: int
+    reward: str
+    stop_words: list[str]
+    chat_template: bool
+    compat: trtllm_compat.Resolved
+
+    def generation_request(self, tokenizer) -> GenerationRequest:
+        """The decoding request: the prompt and stop words tokenized (the token-level checks
+        are :func:`banditspec.config.validate_request`'s, when the decoder starts it)."""
+        return GenerationRequest(
+            prompt_ids=prompt_ids(tokenizer, self.text_input, chat=self.chat_template),
+            max_tokens=self.max_tokens,
+            policy=self.policy,
+            arms=self.arms,
+            max_draft_len=self.max_draft_len,
+            temperature=self.compat.temperature,
+            seed=self.compat.seed,
+            stop_sequences=stop_sequences(tokenizer, self.stop_words),
+            reward=self.reward,
+        )
+
+
+def _tensor_values(inputs: Mapping[str, np.ndarray | None]) -> dict:
+    """The request's tensors (those present) as plain values, by :data:`INPUT_KINDS`."""
     for name in REQUIRED_INPUTS:
         if inputs.get(name) is None:
             raise BanditSpecValidationError(name, "is required")
@@ -165,13 +198,37 @@ def parse_inputs(inputs: Mapping[str, np.ndarray | None], defaults: ServingDefau
             values[name] = value
         elif kind == "bool":
             values[name] = bool(raw)
-    values.setdefault("stream", False)
-    values.setdefault("policy", defaults.policy)
-    values.setdefault("max_draft_len", defaults.max_draft_len)
-    values.setdefault("reward", defaults.reward)
-    if "arms" not in values and defaults.arms is not None:
-        values["arms"] = list(defaults.arms)
     return values
+
+
+def parse_inputs(
+    inputs: Mapping[str, np.ndarray | None],
+    defaults: ServingDefaults,
+    *,
+    vocab_size: int,
+    eos_id: int,
+    max_draft_len_limit: int,
+) -> RequestInputs:
+    """Request tensors -> :class:`RequestInputs`, with every check that needs no tokenizer."""
+    values = _tensor_values(inputs)
+    compat = trtllm_compat.resolve(values, vocab_size=vocab_size, eos_id=eos_id)
+    if compat.max_draft_len is not None and not 1 <= compat.max_draft_len <= max_draft_len_limit:
+        raise BanditSpecValidationError(
+            "num_draft_tokens", f"must be in 0..{max_draft_len_limit}, got {compat.max_draft_len}"
+        )
+    arms = values.get("arms", list(defaults.arms) if defaults.arms is not None else None)
+    return RequestInputs(
+        text_input=values["text_input"],
+        max_tokens=values["max_tokens"],
+        stream=values.get("stream", False),
+        policy=compat.policy if compat.policy and "policy" not in values else values.get("policy", defaults.policy),
+        arms=arms,
+        max_draft_len=compat.max_draft_len or values.get("max_draft_len", defaults.max_draft_len),
+        reward=values.get("reward", defaults.reward),
+        stop_words=values.get("stop_words", []),
+        chat_template=values.get("apply_chat_template", defaults.chat_template),
+        compat=compat,
+    )
 
 
 class Controller:
@@ -217,31 +274,14 @@ class Controller:
 
     def _build(self, inputs: Mapping[str, np.ndarray | None]):
         """(GenerationRequest, stream, trtllm_compat.Resolved) for a request's tensors."""
-        explicit = {name for name, value in inputs.items() if value is not None}
-        values = parse_inputs(inputs, self.defaults)
-        compat = trtllm_compat.resolve(
-            {k: v for k, v in values.items() if k in explicit},
+        parsed = parse_inputs(
+            inputs,
+            self.defaults,
             vocab_size=self.decoder.vocab_size,
             eos_id=self.decoder.eos_id,
+            max_draft_len_limit=self.decoder.limits.max_draft_len,
         )
-        if compat.max_draft_len is not None and not 1 <= compat.max_draft_len <= self.decoder.limits.max_draft_len:
-            raise BanditSpecValidationError(
-                "num_draft_tokens", f"must be in 0..{self.decoder.limits.max_draft_len}, got {compat.max_draft_len}"
-            )
-        request = GenerationRequest(
-            prompt_ids=prompt_ids(
-                self.tokenizer, values["text_input"], chat=values.get("apply_chat_template", self.defaults.chat_template)
-            ),
-            max_tokens=values["max_tokens"],
-            policy=compat.policy if compat.policy and "policy" not in explicit else values["policy"],
-            arms=values.get("arms"),
-            max_draft_len=compat.max_draft_len or values["max_draft_len"],
-            temperature=compat.temperature,
-            seed=compat.seed,
-            stop_sequences=stop_sequences(self.tokenizer, values.get("stop_words", [])),
-            reward=values["reward"],
-        )
-        return request, values["stream"], compat
+        return parsed.generation_request(self.tokenizer), parsed.stream, parsed.compat
 
     def handle(self, inputs: Mapping[str, np.ndarray | None], sink: ResponseSink) -> None:
         """Serve one request to completion; never raises."""

@@ -1,139 +1,85 @@
-"""Build the serving controller from ``config.pbtxt`` parameters (strings).
+"""Build the serving controller from the ``banditspec`` model's configuration
+(:class:`~banditspec.serving_config.ServingConfig`, read once from config.pbtxt parameters).
 
-Paths and models come only from here, never from a request."""
+Paths and models come only from there, never from a request."""
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-from typing import Mapping
-
-from banditspec.batching import make_gamma_budget
-from banditspec.batching.uniform_inputs import with_empty_drafts
-from banditspec.config import DEFAULT_POLICY, Limits
+from banditspec.gamma_controller import make_gamma_budget
+from banditspec.engine.uniform_inputs import with_empty_drafts
 from banditspec.decoding import SpeculativeDecoder
+from banditspec.drafters.registry import build_drafters
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
-from banditspec.errors import BanditSpecValidationError
-from banditspec.runtime import build_drafters
 from banditspec.serving import Controller, ServingDefaults
-
-TARGET_KINDS = ("reference", "tensorrtllm")
-log = logging.getLogger(__name__)
+from banditspec.serving_config import ParameterSource, ServingConfig
 
 
-def _flag(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _int(params: Mapping[str, str], key: str, default: int) -> int:
-    try:
-        return int(params.get(key, default))
-    except ValueError:
-        raise BanditSpecValidationError(key, f"parameter must be an integer, got {params.get(key)!r}") from None
-
-
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def load_serving_tokenizer(params: Mapping[str, str]):
+def load_serving_tokenizer(params: ParameterSource):
+    """The serving tokenizer: ``tokenizer_dir``, else the ``target_model`` checkpoint's."""
     from transformers import AutoTokenizer
 
     from banditspec.engine.models import model_dir
 
-    folder = params.get("tokenizer_dir", "")
-    return AutoTokenizer.from_pretrained(folder or model_dir(params.get("target_model", "smollm2")))
+    config = ServingConfig.of(params)
+    return AutoTokenizer.from_pretrained(config.tokenizer_dir or model_dir(config.target_model))
 
 
-def _eagle_target(params: Mapping[str, str]):
-    """The target checkpoint, for the Eagle head's frozen embedding / LM head."""
-    from banditspec.engine.models import load_model
+def _drafters(config: ServingConfig, tokenizer, infer: InferFn) -> dict:
+    """The served drafters by name (banditspec.drafters.registry). ``eagle`` drafts from the
+    target's hidden states, which only the reference target returns; it runs in the
+    ``eagle_model`` Triton model, or in this process when that parameter is empty; with a
+    TensorRT-LLM target, ``eagle_model`` names a TensorRT-LLM Eagle engine."""
 
-    model, _ = load_model(params.get("target_model", "smollm2"))
-    return model
+    def load_target():  # the target checkpoint, for the in-process head's embedding / LM head
+        from banditspec.engine.models import load_model
 
+        return load_model(config.target_model)[0]
 
-def _remote_eagle(params: Mapping[str, str], infer: InferFn, model_name: str):
-    """The eagle arm through the ``eagle`` model, or None when the shipped head does not fit
-    the target (e.g. the tiny test model): the arm is then simply not served."""
-    from banditspec.drafters.eagle import head_fit_problem
-    from banditspec.drafters.eagle_remote import RemoteEagleDrafter
-
-    problem = head_fit_problem(params.get("target_model", "smollm2"))
-    if problem is not None:
-        log.warning("eagle arm not served: %s", problem)
-        return None
-    return RemoteEagleDrafter(infer, model_name=model_name)
-
-
-def _drafters(params: Mapping[str, str], kind: str, tokenizer, infer: InferFn) -> dict:
-    """The served drafters by name. ``eagle`` drafts from the target's hidden states, which
-    only the reference target returns; it runs in the ``eagle_model`` Triton model, or in
-    this process when that parameter is empty."""
-    names = _csv(params.get("drafters", "pld,suffix,rest"))
-    eagle = kind == "reference" and "eagle" in names
-    eagle_model = params.get("eagle_model", "").strip()
-    datastore = params.get("rest_datastore", "default")
-    drafters = build_drafters(
-        [n for n in names if n != "eagle" or (eagle and not eagle_model)],
+    return build_drafters(
+        config.drafters,
         tokenizer,
-        target_model=_eagle_target(params) if eagle and not eagle_model else None,
-        rest_datastore=None if datastore in ("", "default") else Path(datastore),
+        load_target_model=load_target,
+        target_name=config.target_model,
+        rest_datastore=config.rest_datastore,
         infer=infer,
-        draft_model_name=params.get("draft_name", "draft"),
+        draft_model_name=config.draft_name,
+        eagle_model=config.eagle_model,
+        eagle_engine=config.target_kind == "tensorrtllm",
+        plugin=config.drafter_plugin,
     )
-    if eagle and eagle_model:
-        remote = _remote_eagle(params, infer, eagle_model)
-        if remote is not None:
-            drafters["eagle"] = remote
-    if kind == "tensorrtllm" and "eagle" in names and eagle_model:
-        # GPU: a TensorRT-LLM Eagle engine (a copy of the target with its Eagle head, drafting
-        # and verifying inside) generates the proposal; `target` verifies it like any draft,
-        # so the output stays the target's (docs/deploy.md, "The Eagle arm on GPU").
-        from banditspec.drafters.draft_model import DraftModelDrafter
-
-        drafters["eagle"] = DraftModelDrafter(infer, model_name=eagle_model, end_id=int(tokenizer.eos_token_id))
-    return drafters
 
 
-def build_controller(params: Mapping[str, str], infer: InferFn) -> Controller:
-    kind = params.get("target_kind", "reference")
-    if kind not in TARGET_KINDS:
-        raise BanditSpecValidationError("target_kind", f"must be one of {TARGET_KINDS}")
-    tokenizer = load_serving_tokenizer(params)
-    drafters = _drafters(params, kind, tokenizer, infer)
+def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
+    """The controller of the ``banditspec`` model, from its configuration (or its parameters)."""
+    config = ServingConfig.of(params)
+    tokenizer = load_serving_tokenizer(config)
+    drafters = _drafters(config, tokenizer, infer)
+    reference = config.target_kind == "reference"
     engine = TensorEngine(
-        with_empty_drafts(infer) if kind == "reference" else infer,  # so that gamma = 0 steps batch with drafting ones
-        model_name=params.get("target_name", "target"),
+        with_empty_drafts(infer) if reference else infer,  # so that gamma = 0 steps batch with drafting ones
+        model_name=config.target_name,
         vocab_size=len(tokenizer),
-        max_context=_int(params, "max_context", 2048),
+        max_context=config.max_context,
         eos_id=int(tokenizer.eos_token_id),
         provides_hidden_states="eagle" in drafters,  # what the eagle arm drafts from
-        tensorrtllm=kind == "tensorrtllm",  # real sampling inputs, per-step seed, KV-reuse figures
+        tensorrtllm=not reference,  # real sampling inputs, per-step seed, KV-reuse figures
     )
-    limits = Limits(
-        max_tokens=_int(params, "max_tokens_limit", 1024),
-        max_prompt_tokens=_int(params, "max_prompt_tokens", 1536),
-        max_stop_words=_int(params, "max_stop_words", 16),
-        max_draft_len=_int(params, "max_draft_len_limit", 16),
-    )
-    default_arms = _csv(params.get("default_arms", "")) or None
-    budget = make_gamma_budget(params.get("gamma_controller", "off"), _int(params, "gamma_controller_max", 4))
+    budget = make_gamma_budget(config.gamma_controller, config.gamma_controller_max)
     decoder = SpeculativeDecoder.for_engine(
         engine,
         drafters,
-        default_arms=default_arms,
-        limits=limits,
-        drafter_deadline_s=_int(params, "drafter_deadline_ms", 500) / 1000.0,
+        default_arms=config.default_arms,
+        limits=config.limits,
+        drafter_deadline_s=config.drafter_deadline_s,
         budget=budget,
     )
     defaults = ServingDefaults(
-        policy=params.get("default_policy", DEFAULT_POLICY),
+        policy=config.default_policy,
         arms=None,
-        max_draft_len=_int(params, "default_max_draft_len", 4),
-        reward=params.get("default_reward", "accepted"),
-        chat_template=_flag(params.get("chat_template", "true")),
-        max_concurrent_sequences=_int(params, "max_concurrent_sequences", 8),
+        max_draft_len=config.default_max_draft_len,
+        reward=config.default_reward,
+        chat_template=config.chat_template,
+        max_concurrent_sequences=config.max_concurrent_sequences,
     )
     controller = Controller(decoder, engine, tokenizer, defaults)
     if hasattr(budget, "bind_active_sequences"):  # the server's exact count of sequences in flight

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from banditspec.config import check_prompt
 from banditspec.errors import BanditSpecValidationError
 
 
 def prompt_ids(tokenizer, text: str, *, chat: bool) -> list[int]:
     """Token ids of a prompt; with ``chat`` the text is one user turn in the model's chat template."""
-    if not isinstance(text, str) or not text.strip():
-        raise BanditSpecValidationError("text_input", "the prompt is empty")
-    if "\x00" in text:
-        raise BanditSpecValidationError("text_input", "contains a NUL character")
+    check_prompt(text if isinstance(text, str) else None)
     if chat and getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from banditspec.errors import BanditSpecValidationError
 
@@ -186,7 +186,7 @@ def _finite(name: str, value: float) -> float:
     return value
 
 
-def resolve(values: Mapping[str, object], *, vocab_size: int, eos_id: int) -> Resolved:
+def resolve(values: Mapping[str, Any], *, vocab_size: int, eos_id: int) -> Resolved:
     """Check every upstream input of a parsed request (see :data:`RULES`); raise
     BanditSpecValidationError naming the first one that cannot be honoured."""
     get = values.get

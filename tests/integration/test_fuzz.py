@@ -18,7 +18,6 @@ import os
 import socket
 import time
 
-import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")  # pinned in the [test] extra

@@ -28,6 +28,7 @@ PROMPTS = [
     "Summarise: caches keep recent keys and values.",
 ]
 DEADLINE_MS = 200
+FAULT_PLUGIN = str(Path(__file__).resolve().parents[1] / "fault_drafters.py")  # outside the shipped package
 
 
 def start_server(name: str, **overrides) -> TritonServer:
@@ -52,6 +53,7 @@ def fault_server():
         "faults",
         banditspec={
             "drafters": "pld,suffix,fault_raise,fault_hang",
+            "drafter_plugin": FAULT_PLUGIN,
             "drafter_deadline_ms": str(DEADLINE_MS),
             "max_concurrent_sequences": "100",
         },
@@ -67,6 +69,7 @@ def limits_server():
         "limits",
         banditspec={
             "drafters": "pld,fault_hang",
+            "drafter_plugin": FAULT_PLUGIN,
             "drafter_deadline_ms": "3000",
             "max_concurrent_sequences": "2",
             "max_prompt_tokens": "48",

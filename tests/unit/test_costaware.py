@@ -7,7 +7,7 @@ import pytest
 
 from banditspec.bandits.cost_model import CostModel, calibrate
 from banditspec.bandits.costaware import Candidate, CostAwarePolicy, HazardCounts, SharedAcceptance
-from banditspec.batching import make_gamma_budget
+from banditspec.gamma_controller import make_gamma_budget
 from banditspec.config import GenerationRequest
 from banditspec.decoding import SpeculativeDecoder, run_to_completion
 from banditspec.replay import VirtualClock

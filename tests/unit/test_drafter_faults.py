@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from banditspec.config import GenerationRequest
-from banditspec.decoding import ProposeTimeout, ProposeWorker, SpeculativeDecoder, run_to_completion
-from banditspec.drafters.faulty import (
+from banditspec.decoding import SpeculativeDecoder, run_to_completion
+from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
+from banditspec.drafters.registry import build_drafters
+from banditspec.errors import BanditSpecValidationError
+from tests import fault_drafters
+from tests.fault_drafters import (
     FAULTY_DRAFTER_NAMES,
     HangingDrafter,
     InjectedFault,
     RaisingDrafter,
     make_faulty_drafter,
 )
-from banditspec.errors import BanditSpecValidationError
-from banditspec.runtime import build_drafters
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, oracle
 
@@ -117,7 +120,7 @@ def test_propose_worker_returns_raises_and_times_out():
 
 
 def test_faulty_drafters_are_built_only_by_name_and_validate_arguments():
-    built = build_drafters(list(FAULTY_DRAFTER_NAMES), tokenizer=None)
+    built = build_drafters(list(FAULTY_DRAFTER_NAMES), tokenizer=None, plugin=Path(fault_drafters.__file__))
     assert isinstance(built["fault_raise"], RaisingDrafter) and isinstance(built["fault_hang"], HangingDrafter)
     with pytest.raises(BanditSpecValidationError, match="^drafters"):
         make_faulty_drafter("fault_segfault")

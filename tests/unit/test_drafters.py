@@ -412,3 +412,29 @@ def test_registry_rejects_unknown_names_and_options():
     with pytest.raises(BanditSpecValidationError) as err:
         make_drafter("pld", depth=3)
     assert err.value.field == "arms" and "depth" in str(err.value)
+
+
+def test_the_factory_builds_the_eagle_arm_the_deployment_can_serve(monkeypatch):
+    """One factory, three Eagle arms: a TensorRT-LLM Eagle engine, the ``eagle`` model
+    through BLS (only when the shipped head fits the target), or none."""
+    import banditspec.drafters.eagle as eagle
+    from banditspec.drafters.draft_model import DraftModelDrafter
+    from banditspec.drafters.eagle_remote import RemoteEagleDrafter
+    from banditspec.drafters.registry import build_drafters
+    from tests.fake_tokenizer import ByteTokenizer
+
+    def infer(*args):
+        return {}
+
+    def build(**kwargs):
+        return build_drafters(["eagle", "draft", "pld"], ByteTokenizer(), infer=infer, **kwargs)
+
+    engine = build(eagle_model="eagle_engine", eagle_engine=True)
+    assert list(engine) == ["eagle", "draft", "pld"] and isinstance(engine["eagle"], DraftModelDrafter)
+    assert engine["eagle"].model_name == "eagle_engine" and engine["draft"].model_name == "draft"
+    assert "eagle" not in build(eagle_engine=True)  # a TensorRT-LLM target: no hidden states here
+    monkeypatch.setattr(eagle, "head_fit_problem", lambda name: None)
+    assert isinstance(build(eagle_model="eagle")["eagle"], RemoteEagleDrafter)
+    monkeypatch.setattr(eagle, "head_fit_problem", lambda name: "head built for another target")
+    assert "eagle" not in build(eagle_model="eagle")
+    assert list(build_drafters(["eagle", "draft"], ByteTokenizer())) == []  # nothing to draft with

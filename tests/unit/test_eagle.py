@@ -16,7 +16,7 @@ from banditspec.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, load_defaul
 from banditspec.eagle.evaluate import greedy_speculative
 from banditspec.eagle.features import FeatureSet
 from banditspec.eagle.head import EagleConfig, EagleHead, load_head, save_head
-from banditspec.eagle.objective import Batch, unrolled_mask, unrolled_predictions
+from banditspec.eagle.objective import unrolled_mask, unrolled_predictions
 from banditspec.eagle.train import TrainConfig, evaluate_head, train_head
 from banditspec.eagle.vocab import choose_draft_vocab
 from banditspec.errors import BanditSpecValidationError
@@ -162,7 +162,7 @@ def test_rollback_after_rejection_equals_fresh_session(drafter, tiny):
 def test_max_len_and_stop_ids_respected(drafter, tiny):
     ids = random_ids(16, seed=4)
     session, _ = started(drafter, tiny, ids, 12)
-    for max_len in range(0, 7):
+    for max_len in range(7):
         assert len(session.propose(max_len)) == max_len
     first = int(session.propose(1).token_ids[0])
     stopping = EagleDrafter(drafter.head, drafter.embedding, stop_ids=[first])

@@ -1,4 +1,4 @@
-"""The ``eagle`` model's logic (banditspec.eagle.service) and the controller's BLS drafter
+"""The ``eagle`` model's logic (banditspec.drafters.eagle_service) and the controller's BLS drafter
 (banditspec.drafters.eagle_remote), joined by an in-process ``infer`` that goes through the
 same tensor table as the Triton adapter. A random head over the tiny Llama."""
 
@@ -10,7 +10,7 @@ import torch
 
 from banditspec.drafters.eagle import EagleDrafter
 from banditspec.drafters.eagle_remote import RemoteEagleDrafter
-from banditspec.eagle.service import EagleCall, EagleService, call_from_tensors
+from banditspec.drafters.eagle_service import EagleCall, EagleService, call_from_tensors
 from banditspec.errors import BanditSpecValidationError
 from tests.unit.test_eagle import make_head, random_ids, target_hidden
 

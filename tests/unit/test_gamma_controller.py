@@ -1,4 +1,4 @@
-"""The server-wide speculation-length controller (banditspec.batching): its learner, its
+"""The server-wide speculation-length controller (banditspec.gamma_controller): its learner, its
 round accounting, tracking of load, thread safety, wiring into the server, and that
 batched verification under it stays lossless."""
 
@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from banditspec.bandits.ucbspec import UCBSpec
-from banditspec.batching import (
+from banditspec.gamma_controller import (
     DiscountedGammaUCB,
     FixedGammaBudget,
     GammaControllerConfig,
     ThroughputGammaController,
     make_gamma_budget,
 )
-from banditspec.batching.gamma_bandit import ucbspec_radius
-from banditspec.batching.target_metrics import VerifyBatchMetrics
-from banditspec.budget import UnlimitedBudget
+from banditspec.gamma_controller.gamma_bandit import ucbspec_radius
+from banditspec.engine.target_metrics import VerifyBatchMetrics
+from banditspec.gamma_controller.budget import UnlimitedBudget
 from banditspec.config import GenerationRequest
 from banditspec.decoding import SpeculativeDecoder, run_to_completion
 from banditspec.drafters.pld import PromptLookupDrafter
@@ -454,7 +454,7 @@ def test_target_batch_metrics_count_sequences_batches_and_mixed_drafts():
 
 
 def test_the_splitter_recognises_continuations_and_keeps_new_sequences_apart():
-    from banditspec.batching.prefill_split import ContinuationSplitter
+    from banditspec.engine.prefill_split import ContinuationSplitter
 
     splitter = ContinuationSplitter(capacity=2)
     first = VerifyRequest(np.arange(1, 40, dtype=np.int32), np.array([7, 8], dtype=np.int32))
@@ -470,7 +470,7 @@ def test_the_splitter_recognises_continuations_and_keeps_new_sequences_apart():
 
 
 def test_splitting_a_prefill_out_saves_padded_positions_and_changes_no_result(tiny_engine):
-    from banditspec.batching.prefill_split import ContinuationSplitter
+    from banditspec.engine.prefill_split import ContinuationSplitter
 
     rng = np.random.default_rng(9)
     splitter = ContinuationSplitter()
@@ -497,7 +497,7 @@ def test_splitting_a_prefill_out_saves_padded_positions_and_changes_no_result(ti
 
 
 def test_every_verification_call_carries_draft_input_ids_so_that_triton_can_batch_them():
-    from banditspec.batching.uniform_inputs import with_empty_drafts
+    from banditspec.engine.uniform_inputs import with_empty_drafts
     from banditspec.engine.tensor_codec import TensorEngine, decode_request
 
     sent = []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from banditspec.decoding import SpeculativeDecoder
-from banditspec.drafters.faulty import RaisingDrafter
+from tests.fault_drafters import RaisingDrafter
 from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics import (
     PrometheusMetrics,

@@ -5,7 +5,6 @@ the decoding loop and calls `target` through BLS; responses stream back through 
 request's response sender. All decisions live in banditspec.serving."""
 
 import faulthandler
-import json
 import logging
 import signal
 import threading
@@ -17,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 from banditspec.errors import EngineError
 from banditspec.metrics import build_serving_metrics, triton_family_factory
 from banditspec.serving import INPUT_KINDS, stats_json
+from banditspec.serving_config import ServingConfig, model_parameters
 from banditspec.serving_setup import build_controller
 
 log = logging.getLogger("banditspec.model")
@@ -126,13 +126,12 @@ class TritonSink:
 class TritonPythonModel:
     def initialize(self, args):
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <stub pid>: thread stacks to the server log
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.controller = build_controller(params, bls_infer)
+        config = ServingConfig.from_parameters(model_parameters(args))  # read once; errors name the parameter
+        self.controller = build_controller(config, bls_infer)
         self.metrics = build_serving_metrics(
             self.controller,
             triton_family_factory(pb_utils) if hasattr(pb_utils, "MetricFamily") else None,
-            params,
+            config,
             model=args.get("model_name", "banditspec"),
             version=args.get("model_version", "1"),
             log_line=pb_utils.Logger.log_info if hasattr(pb_utils, "Logger") else None,

@@ -1,13 +1,13 @@
-"""Triton adapter for the Eagle head: tensors in, banditspec.eagle.service, draft ids out."""
+"""Triton adapter for the Eagle head: tensors in, banditspec.drafters.eagle_service, draft ids out."""
 
-import json
 import logging
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from banditspec.eagle.service import EAGLE_INPUTS, call_from_tensors
+from banditspec.drafters.eagle_service import EAGLE_INPUTS, call_from_tensors
 from banditspec.errors import BanditSpecValidationError
+from banditspec.serving_config import EagleModelConfig, model_parameters
 
 log = logging.getLogger("banditspec.eagle")
 
@@ -17,25 +17,24 @@ class TritonPythonModel:
         import torch
 
         from banditspec.drafters.eagle import DEFAULT_MIN_CONFIDENCE, head_fit_problem, load_default_eagle_drafter
-        from banditspec.eagle.service import EagleService
+        from banditspec.drafters.eagle_service import EagleService
         from banditspec.engine.models import load_model
 
-        params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
-        threads = int(params.get("torch_threads", "1"))
-        if threads > 0:
-            torch.set_num_threads(threads)
-        target = params.get("target_model", "smollm2")
+        config = EagleModelConfig.from_parameters(model_parameters(args))
+        if config.torch_threads > 0:
+            torch.set_num_threads(config.torch_threads)
+        target = config.target_model
         self.service = None
         self.unavailable = head_fit_problem(target)
         if self.unavailable is not None:  # e.g. the tiny test model: the controller leaves the arm out
             log.warning("eagle: not serving: %s", self.unavailable)
             return
         model, _ = load_model(target)
-        min_confidence = float(params.get("min_confidence", DEFAULT_MIN_CONFIDENCE))
+        min_confidence = DEFAULT_MIN_CONFIDENCE if config.min_confidence is None else config.min_confidence
         self.service = EagleService(
             load_default_eagle_drafter(model, min_confidence=min_confidence),
-            max_sequences=int(params.get("max_sequences", "64")),
-            max_draft_len=int(params.get("max_draft_len_limit", "16")),
+            max_sequences=config.max_sequences,
+            max_draft_len=config.max_draft_len_limit,
         )
         del model  # the drafter keeps the embedding only
 

@@ -3,20 +3,19 @@
 All logic lives in banditspec.engine (tensor_codec + reference); this file converts."""
 
 import faulthandler
-import json
 import logging
 import signal
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from banditspec.batching.prefill_split import ContinuationSplitter
-from banditspec.batching.target_metrics import VerifyBatchMetrics
+from banditspec.engine.prefill_split import ContinuationSplitter
+from banditspec.engine.target_metrics import VerifyBatchMetrics
 from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
 from banditspec.engine.reference import validate_request
 from banditspec.engine.tensor_codec import decode_request, encode_result
 from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics import TargetEngineMetrics, sample_engine, triton_family_factory
+from banditspec.serving_config import TargetModelConfig, model_parameters
 
 INPUT_NAMES = tuple(TARGET_INPUTS) + tuple(REFERENCE_EXTRA_INPUTS)
 log = logging.getLogger("banditspec.target")
@@ -29,15 +28,14 @@ class TritonPythonModel:
 
         from banditspec.engine.reference import ReferenceEngine
 
-        params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
-        threads = int(params.get("torch_threads", "0"))
-        if threads > 0:
-            torch.set_num_threads(threads)
+        config = TargetModelConfig.from_parameters(model_parameters(args))
+        if config.torch_threads > 0:
+            torch.set_num_threads(config.torch_threads)
         self.engine = ReferenceEngine.from_name(
-            params.get("target_model", "smollm2"),
-            max_context=int(params.get("max_context", "2048")),
-            cache_entries=int(params.get("cache_entries", "16")),
-            kernels=params.get("kernels", "fast"),  # fast | transformers (both exact fp32) | int8 (not exact)
+            config.target_model,
+            max_context=config.max_context,
+            cache_entries=config.cache_entries,
+            kernels=config.kernels,  # fast | transformers (both exact fp32) | int8 (not exact)
         )
         self.metrics = None  # the prefix KV cache as nv_banditspec_target_* gauges
         if hasattr(pb_utils, "MetricFamily"):

@@ -8,24 +8,22 @@ rejects bad input with the same :class:`BanditSpecValidationError` messages.
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 from typing import Sequence
 
 import numpy as np
 
+from banditspec.checks import check_int, is_int, is_number
 from banditspec.errors import BanditSpecValidationError
 
 
 def check_n_arms(n_arms: object) -> int:
     """``n_arms`` as an int >= 1, else BanditSpecValidationError('n_arms')."""
-    if isinstance(n_arms, bool) or not isinstance(n_arms, Integral) or n_arms < 1:
-        raise BanditSpecValidationError("n_arms", f"must be an integer >= 1, got {n_arms!r}")
-    return int(n_arms)
+    return check_int("n_arms", n_arms, 1)
 
 
 def check_positive(field: str, value: object) -> float:
     """``value`` as a finite float > 0, else BanditSpecValidationError(field)."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+    if not is_number(value) or not math.isfinite(value) or value <= 0:
         raise BanditSpecValidationError(field, f"must be a finite number > 0, got {value!r}")
     return float(value)
 
@@ -38,7 +36,7 @@ def check_rng(rng: object) -> np.random.Generator:
 
 
 def _check_arm(arm: object, n_arms: int, field: str) -> int:
-    if isinstance(arm, bool) or not isinstance(arm, Integral) or not 0 <= arm < n_arms:
+    if not is_int(arm) or not 0 <= arm < n_arms:
         raise BanditSpecValidationError(field, f"arm index must be an integer in [0, {n_arms}), got {arm!r}")
     return int(arm)
 
@@ -57,7 +55,7 @@ def check_available(available: Sequence[int], n_arms: int) -> list[int]:
 def check_update(arm: object, reward: object, n_arms: int) -> tuple[int, float]:
     """(arm, reward) checked: arm in [0, n_arms), reward a finite number."""
     arm_index = _check_arm(arm, n_arms, "arm")
-    if isinstance(reward, bool) or not isinstance(reward, Real) or not math.isfinite(reward):
+    if not is_number(reward) or not math.isfinite(reward):
         raise BanditSpecValidationError("reward", f"must be a finite number, got {reward!r}")
     return arm_index, float(reward)
 

@@ -22,6 +22,11 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from banditspec.checks import check_int
+from banditspec.errors import BanditSpecValidationError
+
+MAX_TOKEN_ID = 2**31 - 1  # token ids are INT32 in the engine contract
+
 
 @dataclass
 class Draft:
@@ -61,3 +66,32 @@ class Drafter(Protocol):
     name: str  # "pld", "suffix", "rest", "eagle"
 
     def start(self, prompt_ids: Sequence[int]) -> DraftSession: ...
+
+
+# -- helpers every drafter shares ----------------------------------------------------------
+
+
+def validated_tokens(values: Sequence[int] | np.ndarray, field: str) -> list[int]:
+    """Token ids as a list of Python ints; ``values`` must be a 1-D sequence of ints in [0, 2**31)."""
+    array = np.asarray(values)
+    if array.size == 0:
+        return []
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise BanditSpecValidationError(field, f"expected a 1-D sequence of integer token ids, got shape {array.shape} dtype {array.dtype}")
+    if int(array.min()) < 0 or int(array.max()) > MAX_TOKEN_ID:
+        raise BanditSpecValidationError(field, f"token ids must be in [0, {MAX_TOKEN_ID}]")
+    return array.tolist()
+
+
+def validated_max_len(max_len: int) -> int:
+    """``max_len`` as an int >= 0 (0 asks for an empty draft)."""
+    return check_int("max_len", max_len, 0)
+
+
+def empty_draft() -> Draft:
+    return Draft(token_ids=np.zeros(0, dtype=np.int32))
+
+
+def draft_of(tokens: Sequence[int], match_len: int = 0) -> Draft:
+    """A deterministic draft: token_ids int32 [len(tokens)], probs None."""
+    return Draft(token_ids=np.asarray(tokens, dtype=np.int32).reshape(-1), probs=None, match_len=int(match_len))

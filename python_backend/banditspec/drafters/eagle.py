@@ -66,14 +66,14 @@ class EagleDrafter:
     def vocab_size(self) -> int:
         return self.head.config.target_vocab_size
 
-    def start(self, prompt_ids: Sequence[int]) -> "EagleSession":
+    def start(self, prompt_ids: Sequence[int] | np.ndarray) -> "EagleSession":
         return EagleSession(self, prompt_ids)
 
 
 class EagleSession:
     """Per-request state: tokens, real features not yet fed to the head, the head's KV cache."""
 
-    def __init__(self, drafter: EagleDrafter, prompt_ids: Sequence[int]):
+    def __init__(self, drafter: EagleDrafter, prompt_ids: Sequence[int] | np.ndarray):
         self.drafter = drafter
         self.tokens: list[int] = []
         self._append_tokens(prompt_ids, "prompt_ids")
@@ -107,7 +107,7 @@ class EagleSession:
             predicted = predicted[:, -1:]
         return Draft(token_ids=np.asarray(proposed, dtype=np.int32))
 
-    def observe(self, new_tokens: Sequence[int], hidden_states: np.ndarray | None = None) -> None:
+    def observe(self, new_tokens: Sequence[int] | np.ndarray, hidden_states: np.ndarray | None = None) -> None:
         if self.closed:
             return
         self._append_tokens(new_tokens, "new_tokens")
@@ -130,7 +130,7 @@ class EagleSession:
     def close(self, finished: bool) -> None:
         self.closed = True
         self.pending.clear()
-        self.cache_k = self.cache_v = None
+        self.cache_k, self.cache_v = self.drafter.head.empty_cache()  # frees the cache: a closed session never drafts
 
     # --- internals -------------------------------------------------------------------
     @property
@@ -138,7 +138,7 @@ class EagleSession:
         """Features of every position but the last: f_0 .. f_{n-2} with n tokens."""
         return self.num_features >= 1 and self.num_features == len(self.tokens) - 1
 
-    def _append_tokens(self, ids: Sequence[int], field: str) -> None:
+    def _append_tokens(self, ids: Sequence[int] | np.ndarray, field: str) -> None:
         values = [int(t) for t in ids]
         vocab = self.drafter.vocab_size
         if any(t < 0 or t >= vocab for t in values):
@@ -156,6 +156,7 @@ class EagleSession:
             self.pending = []
             self.committed = self.num_features
             self._last_predicted = predicted[:, -1:]
+        assert self._last_predicted is not None, "a session drafts only once it has features"
         return self._last_predicted
 
     def _argmax(self, predicted: torch.Tensor) -> tuple[int, float]:

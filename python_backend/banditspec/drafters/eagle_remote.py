@@ -68,13 +68,13 @@ class RemoteEagleSession:
                 log.debug("eagle: ending sequence failed: %s", exc)
 
     def _call(self, *, max_len: int, end: bool) -> dict:
-        tensors = {
+        tensors: dict[str, np.ndarray] = {
             "sequence_id": np.array([self.sequence_id], dtype=np.uint64),
             "input_ids": np.asarray(self._tokens, dtype=np.int32),
             "max_draft_len": np.array([max_len], dtype=np.int32),
             "end": np.array([end], dtype=bool),
         }
-        if not self._started:
+        if not self._started and self._prompt is not None:  # the first call carries the prompt
             tensors["prompt_ids"] = self._prompt
         if self._hidden:
             tensors["hidden_states"] = np.concatenate(self._hidden, axis=0)  # [m, H]

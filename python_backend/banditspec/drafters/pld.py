@@ -18,8 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from banditspec.drafters.base import Draft
-from banditspec.drafters.registry import draft_of, empty_draft, validated_max_len, validated_tokens
+from banditspec.checks import is_int
+from banditspec.drafters.base import Draft, draft_of, empty_draft, validated_max_len, validated_tokens
 from banditspec.errors import BanditSpecValidationError
 
 
@@ -34,9 +34,9 @@ class PromptLookupDrafter:
     name: str = "pld"
 
     def __post_init__(self) -> None:
-        if isinstance(self.min_ngram, bool) or not isinstance(self.min_ngram, int) or self.min_ngram < 1:
+        if not is_int(self.min_ngram) or self.min_ngram < 1:
             raise BanditSpecValidationError("min_ngram", f"must be an integer >= 1, got {self.min_ngram!r}")
-        if isinstance(self.max_ngram, bool) or not isinstance(self.max_ngram, int) or self.max_ngram < self.min_ngram:
+        if not is_int(self.max_ngram) or self.max_ngram < self.min_ngram:
             raise BanditSpecValidationError("max_ngram", f"must be an integer >= min_ngram ({self.min_ngram}), got {self.max_ngram!r}")
 
     def start(self, prompt_ids: Sequence[int]) -> "PromptLookupSession":

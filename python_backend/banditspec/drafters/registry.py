@@ -1,50 +1,30 @@
-"""Drafters by name, and the argument checks every drafter shares.
+"""The one drafter factory: every drafter a process serves is built here, by name.
 
-The drafter modules are imported lazily inside :func:`make_drafter`, so that they can
-use :func:`validated_tokens` / :func:`validated_max_len` from here without a cycle.
+* :func:`make_drafter`: one non-parametric drafter (``pld``, ``suffix``, ``rest``) with options;
+* :func:`build_drafters`: the drafters of a deployment or of an in-process stack, by name:
+  those three, ``eagle`` (the head in this process, the ``eagle`` Triton model through BLS,
+  or a TensorRT-LLM Eagle engine), ``draft`` (a separate draft engine), and those of a
+  drafter plug-in (a Python file outside the package, e.g. the tests' fault drafters).
+  An arm the deployment cannot serve is left out (logged).
+
+The helpers every drafter shares live in :mod:`banditspec.drafters.base`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import logging
+import sys
 from pathlib import Path
-from typing import Any, Sequence
+from types import ModuleType
+from typing import Any, Callable, Sequence
 
-import numpy as np
-
-from banditspec.drafters.base import Draft, Drafter
+from banditspec.drafters.base import Drafter
 from banditspec.errors import BanditSpecValidationError
 
 DRAFTER_NAMES: tuple[str, ...] = ("pld", "suffix", "rest")
-MAX_TOKEN_ID = 2**31 - 1  # token ids are INT32 in the engine contract
-
-
-def validated_tokens(values: Sequence[int] | np.ndarray, field: str) -> list[int]:
-    """Token ids as a list of Python ints; ``values`` must be a 1-D sequence of ints in [0, 2**31)."""
-    array = np.asarray(values)
-    if array.size == 0:
-        return []
-    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-        raise BanditSpecValidationError(field, f"expected a 1-D sequence of integer token ids, got shape {array.shape} dtype {array.dtype}")
-    if int(array.min()) < 0 or int(array.max()) > MAX_TOKEN_ID:
-        raise BanditSpecValidationError(field, f"token ids must be in [0, {MAX_TOKEN_ID}]")
-    return array.tolist()
-
-
-def validated_max_len(max_len: int) -> int:
-    """``max_len`` as an int >= 0 (0 asks for an empty draft)."""
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 0:
-        raise BanditSpecValidationError("max_len", f"must be an integer >= 0, got {max_len!r}")
-    return int(max_len)
-
-
-def empty_draft() -> Draft:
-    return Draft(token_ids=np.zeros(0, dtype=np.int32))
-
-
-def draft_of(tokens: Sequence[int], match_len: int = 0) -> Draft:
-    """A deterministic draft: token_ids int32 [len(tokens)], probs None."""
-    return Draft(token_ids=np.asarray(tokens, dtype=np.int32).reshape(-1), probs=None, match_len=int(match_len))
+log = logging.getLogger(__name__)
 
 
 def make_drafter(name: str, *, tokenizer: Any = None, rest_datastore: Path | None = None, **options: Any) -> Drafter:
@@ -82,3 +62,109 @@ def make_drafter(name: str, *, tokenizer: Any = None, rest_datastore: Path | Non
     if unknown:
         raise BanditSpecValidationError("arms", f"drafter {name!r} takes no option(s) {', '.join(unknown)}")
     return factory(**options)
+
+
+def build_drafters(
+    names: Sequence[str],
+    tokenizer: Any,
+    *,
+    target_model: Any = None,
+    load_target_model: Callable[[], Any] | None = None,
+    target_name: str = "smollm2",
+    rest_datastore: Path | None = None,
+    infer: Callable | None = None,
+    draft_model_name: str = "draft",
+    eagle_model: str = "",
+    eagle_engine: bool = False,
+    plugin: Path | None = None,
+) -> dict[str, Drafter]:
+    """Drafters by name, in ``names`` order.
+
+    ``eagle``: with ``eagle_model`` (and ``infer``), the ``eagle_model`` Triton model through
+    BLS, or with ``eagle_engine`` a TensorRT-LLM Eagle engine of that name drafting like a
+    draft engine; else the shipped head in this process on the target's embedding
+    (``target_model``, or ``load_target_model()`` when given). Left out when none of these
+    is possible, or when the shipped head does not fit the target ``target_name``.
+    ``draft``: a separate draft engine ``draft_model_name``, reached through ``infer``.
+    ``rest``: ``rest_datastore`` or the default datastore built once into the cache folder.
+    ``plugin``: a Python file that defines ``DRAFTER_NAMES`` and ``make_drafter(name)``;
+    it builds the drafters of those names (configuration only, e.g. tests/fault_drafters.py).
+    """
+    extra = load_plugin(plugin) if plugin is not None else None
+    drafters: dict[str, Drafter] = {}
+    for name in names:
+        drafter: Drafter | None
+        if extra is not None and name in extra.DRAFTER_NAMES:
+            drafter = extra.make_drafter(name)
+        elif name == "eagle":
+            drafter = _eagle(tokenizer, target_model, load_target_model, target_name, infer, eagle_model, eagle_engine)
+        elif name == "draft":
+            drafter = _draft_engine(infer, draft_model_name, tokenizer) if infer is not None else None
+        elif name == "rest":
+            from banditspec.drafters.rest_datastore import default_datastore
+
+            path = rest_datastore if rest_datastore is not None else default_datastore(tokenizer)
+            drafter = make_drafter(name, tokenizer=tokenizer, rest_datastore=path)
+        else:
+            drafter = make_drafter(name, tokenizer=tokenizer)
+        if drafter is not None:
+            drafters[name] = drafter
+    return drafters
+
+
+def load_plugin(path: Path) -> ModuleType:
+    """The drafter plug-in in the file ``path``, executed once per process."""
+    path = Path(path).resolve()
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve() == path:
+            return module
+    if not path.is_file():
+        raise BanditSpecValidationError("drafter_plugin", f"no such file: {path}")
+    spec = importlib.util.spec_from_file_location(f"banditspec_drafter_plugin_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise BanditSpecValidationError("drafter_plugin", f"not a Python module: {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    if not isinstance(getattr(module, "DRAFTER_NAMES", None), tuple) or not callable(getattr(module, "make_drafter", None)):
+        raise BanditSpecValidationError("drafter_plugin", f"{path} defines no DRAFTER_NAMES tuple and make_drafter(name)")
+    return module
+
+
+def _draft_engine(infer: Callable, model_name: str, tokenizer: Any) -> Drafter:
+    from banditspec.drafters.draft_model import DraftModelDrafter
+
+    return DraftModelDrafter(infer, model_name=model_name, end_id=int(tokenizer.eos_token_id))
+
+
+def _eagle(tokenizer: Any, target_model: Any, load_target_model: Callable[[], Any] | None, target_name: str,
+           infer: Callable | None, eagle_model: str, eagle_engine: bool) -> Drafter | None:
+    """The eagle arm, or None when this deployment cannot serve it."""
+    if eagle_model and infer is not None:
+        if eagle_engine:
+            # GPU: a TensorRT-LLM Eagle engine (a copy of the target with its Eagle head, drafting
+            # and verifying inside) generates the proposal; `target` verifies it like any draft,
+            # so the output stays the target's (docs/deploy.md, "The Eagle arm on GPU").
+            return _draft_engine(infer, eagle_model, tokenizer)
+        from banditspec.drafters import eagle
+        from banditspec.drafters.eagle_remote import RemoteEagleDrafter
+
+        problem = eagle.head_fit_problem(target_name)
+        if problem is not None:  # e.g. the tiny test model
+            log.warning("eagle arm not served: %s", problem)
+            return None
+        return RemoteEagleDrafter(infer, model_name=eagle_model)
+    if eagle_engine:
+        return None  # a TensorRT-LLM target returns no hidden states to draft from here
+    if target_model is None and load_target_model is not None:
+        target_model = load_target_model()
+    if target_model is None:
+        return None  # no hidden states and no LM head here: the arm is not served
+    from banditspec.drafters.eagle import load_default_eagle_drafter
+
+    try:
+        return load_default_eagle_drafter(target_model)
+    except BanditSpecValidationError as exc:  # the shipped head is for another target
+        log.warning("eagle arm not served: %s", exc)
+        return None

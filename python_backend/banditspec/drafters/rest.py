@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from banditspec.drafters.base import Draft
-from banditspec.drafters.registry import draft_of, empty_draft, validated_max_len, validated_tokens
+from banditspec.checks import is_int
+from banditspec.drafters.base import Draft, draft_of, empty_draft, validated_max_len, validated_tokens
 from banditspec.drafters.rest_datastore import TokenDatastore, load_datastore
 from banditspec.errors import BanditSpecValidationError
 
@@ -43,7 +43,7 @@ class RestDrafter:
     ):
         """datastore: a datastore folder from configuration (never from a request), or a loaded one."""
         for name, value, minimum in (("min_suffix", min_suffix, 1), ("max_suffix", max_suffix, min_suffix), ("max_matches", max_matches, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            if not is_int(value) or value < minimum:
                 raise BanditSpecValidationError(name, f"must be an integer >= {minimum}, got {value!r}")
         if not isinstance(min_share, (int, float)) or not 0.0 <= min_share <= 1.0:
             raise BanditSpecValidationError("min_share", f"must be in [0, 1], got {min_share!r}")

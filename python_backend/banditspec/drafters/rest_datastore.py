@@ -66,7 +66,7 @@ class TokenDatastore:
         # Big-endian unsigned bytes compare like the token sequences they encode (ids >= 0),
         # so a suffix's first m tokens are one bytes slice away.
         self._keys = self.tokens.astype(">u4").tobytes()
-        self._sa_view = memoryview(self.suffix_array)
+        self._sa_view = self.suffix_array.data  # a memoryview of the array
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -89,7 +89,7 @@ class TokenDatastore:
         return hi - lo
 
 
-def write_datastore(out_dir: Path, docs: Iterable[Sequence[int]], separator: int | None = None) -> Path:
+def write_datastore(out_dir: Path, docs: Iterable[Sequence[int] | np.ndarray], separator: int | None = None) -> Path:
     """Save documents of token ids (ids >= 0) as a datastore folder; returns ``out_dir``.
 
     separator: the id placed after every document; default max id + 1. It must exceed every id.

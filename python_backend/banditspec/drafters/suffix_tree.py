@@ -33,8 +33,8 @@ from typing import Sequence
 
 import numpy as np
 
-from banditspec.drafters.base import Draft
-from banditspec.drafters.registry import draft_of, empty_draft, validated_max_len, validated_tokens
+from banditspec.checks import is_int
+from banditspec.drafters.base import Draft, draft_of, empty_draft, validated_max_len, validated_tokens
 from banditspec.errors import BanditSpecValidationError
 
 NO_NODE = -1
@@ -389,7 +389,7 @@ class SuffixTreeDrafter:
 
 
 def _check_int(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise BanditSpecValidationError(name, f"must be an integer >= {minimum}, got {value!r}")
 
 

@@ -12,7 +12,6 @@ import json
 import logging
 import shutil
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 

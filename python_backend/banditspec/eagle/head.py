@@ -110,6 +110,8 @@ class EagleHead(nn.Module):
     [B, T, H] (f_i), output features float [B, T, H] (f^_{i+1}).
     """
 
+    draft_vocab: torch.Tensor  # a registered buffer (see __init__)
+
     def __init__(self, config: EagleConfig):
         super().__init__()
         self.config = config

@@ -229,7 +229,9 @@ def run(args: argparse.Namespace) -> int:
     head.draft_vocab = choose_draft_vocab(scores, config.draft_vocab_size, always)
     result = train_head(head, embedding, train_set, val_set, cfg, progress)
 
-    counted = lambda s: int(np.sum(np.maximum(0, np.diff(s.offsets) - 1 - s.loss_from)))
+    def counted(s) -> int:
+        return int(np.sum(np.maximum(0, np.diff(s.offsets) - 1 - s.loss_from)))
+
     metadata = {
         "target": args.model,
         "feature": "post-norm last hidden state (LM-head input), as the reference engine returns",

@@ -3,15 +3,15 @@
 (:mod:`.prometheus`), and the observer that feeds them from the controller (:mod:`.hub`).
 
 ``build_serving_metrics`` is what the Triton ``banditspec`` model calls; its
-``config.pbtxt`` parameters: ``metrics`` ("true"/"false") and ``metrics_log_interval_s``
-(seconds between summary log lines; "0" = none).
+``config.pbtxt`` parameters (read by :class:`~banditspec.serving_config.ServingConfig`):
+``metrics`` ("true"/"false") and ``metrics_log_interval_s`` (seconds between summary log
+lines; "0" = none).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable
 
-from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics.hub import ServingMetrics
 from banditspec.metrics.logs import SummaryLogger, format_summary
 from banditspec.metrics.prometheus import (
@@ -21,6 +21,8 @@ from banditspec.metrics.prometheus import (
     triton_family_factory,
 )
 from banditspec.metrics.stats import ServingStats, StatsSnapshot, sample_engine
+from banditspec.outcomes import OUTCOMES
+from banditspec.serving_config import ParameterSource, ServingConfig
 
 __all__ = [
     "MetricFamilyFactory",
@@ -40,7 +42,7 @@ __all__ = [
 def build_serving_metrics(
     controller,
     factory: MetricFamilyFactory | None,
-    params: Mapping[str, str],
+    params: ParameterSource,
     *,
     model: str = "banditspec",
     version: str = "1",
@@ -50,15 +52,8 @@ def build_serving_metrics(
     ``metrics`` parameter is false (or ``factory`` is None), a summary through ``log_line``
     (default: the ``banditspec.metrics`` logger) every ``metrics_log_interval_s`` seconds
     unless that is 0."""
-    from banditspec.serving import OUTCOMES
-
-    enabled = params.get("metrics", "true").strip().lower() in ("1", "true", "yes", "on")
-    try:
-        interval = float(params.get("metrics_log_interval_s", "60"))
-    except ValueError:
-        raise BanditSpecValidationError("metrics_log_interval_s", "parameter must be a number of seconds") from None
-    if interval < 0:
-        raise BanditSpecValidationError("metrics_log_interval_s", f"must be >= 0, got {interval}")
+    config = ServingConfig.of(params)
+    enabled, interval = config.metrics, config.metrics_log_interval_s
     stats = ServingStats()
     exporter = None
     if enabled and factory is not None:

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from banditspec.checks import is_int
 from banditspec.config import MAX_SPECULATION_LENGTH
 from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics.stats import EngineCacheSample
@@ -149,7 +150,7 @@ class PrometheusMetrics:
         max_draft_len: int = MAX_SPECULATION_LENGTH,
         outcomes: tuple[str, ...] = (),
     ):
-        if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int) or max_draft_len < 1:
+        if not is_int(max_draft_len) or max_draft_len < 1:
             raise BanditSpecValidationError("max_draft_len", f"must be an integer >= 1, got {max_draft_len!r}")
         buckets = [float(n) for n in range(max_draft_len + 1)]  # le="0" .. le="L": one bucket per length
         self._registry = _Registry(factory, SERVING_SPECS, model=model, version=version, buckets=buckets)

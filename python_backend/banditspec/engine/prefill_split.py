@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from banditspec.checks import is_int
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.errors import BanditSpecValidationError
 
@@ -41,7 +42,7 @@ class ContinuationSplitter:
     """
 
     def __init__(self, capacity: int = 4096):
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        if not is_int(capacity) or capacity < 1:
             raise BanditSpecValidationError("capacity", f"must be an integer >= 1, got {capacity!r}")
         self.capacity = capacity
         self._expected: OrderedDict[tuple[int, bytes], None] = OrderedDict()

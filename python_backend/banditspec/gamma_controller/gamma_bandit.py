@@ -36,6 +36,7 @@ import math
 
 import numpy as np
 
+from banditspec.checks import is_int
 from banditspec.errors import BanditSpecValidationError
 
 
@@ -68,7 +69,7 @@ class DiscountedGammaUCB:
         prior_weight: float = 1.0,
         unimodal: bool = True,
     ):
-        if isinstance(max_gamma, bool) or not isinstance(max_gamma, int) or max_gamma < 1:
+        if not is_int(max_gamma) or max_gamma < 1:
             raise BanditSpecValidationError("max_gamma", f"must be an integer >= 1, got {max_gamma!r}")
         if not 0 < discount <= 1:
             raise BanditSpecValidationError("discount", f"must be in (0, 1], got {discount!r}")
@@ -154,7 +155,7 @@ class DiscountedGammaUCB:
 
     def update(self, gamma: int, reward: float) -> None:
         """One measured throughput (tokens/s, >= 0) for ``gamma``."""
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or not 0 <= gamma <= self.max_gamma:
+        if not is_int(gamma) or not 0 <= gamma <= self.max_gamma:
             raise BanditSpecValidationError("gamma", f"must be an integer in 0..{self.max_gamma}, got {gamma!r}")
         if not math.isfinite(reward) or reward < 0:
             raise BanditSpecValidationError("reward", f"must be a finite number >= 0, got {reward!r}")

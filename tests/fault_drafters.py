@@ -7,10 +7,10 @@ costs its arm, never the request.
   passes, a safety net so that a test can never leak a thread for long). The decoding
   loop must give up at its per-step deadline, drop the arm and go on.
 
-They are built only when a deployment lists them in the ``drafters`` parameter of the
-``banditspec`` model's config.pbtxt (see :func:`banditspec.runtime.build_drafters`); a
-request can name an arm only among the drafters the deployment built, so no request can
-switch them on. Never list them in a production configuration.
+They live outside the shipped package. A deployment under test reaches them as a drafter
+plug-in: its ``drafter_plugin`` parameter names this file and its ``drafters`` parameter
+lists them (see :func:`banditspec.drafters.registry.build_drafters`); a request can name an
+arm only among the drafters the deployment built, so no request can switch them on.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from banditspec.drafters.base import Draft, Drafter
+from banditspec.checks import check_int, is_number
+from banditspec.drafters.base import Draft, Drafter, empty_draft
 from banditspec.errors import BanditSpecValidationError
 
 FAULT_RAISE = "fault_raise"
@@ -32,16 +33,14 @@ class InjectedFault(RuntimeError):
     """The failure a ``fault_raise`` drafter raises on purpose."""
 
 
-def _empty() -> Draft:
-    return Draft(token_ids=np.zeros(0, dtype=np.int32))
+_empty = empty_draft
 
 
 class RaisingDrafter:
     """Every session returns ``fail_after`` empty drafts, then raises on each ``propose``."""
 
     def __init__(self, *, fail_after: int = 0, name: str = FAULT_RAISE):
-        if isinstance(fail_after, bool) or not isinstance(fail_after, int) or fail_after < 0:
-            raise BanditSpecValidationError("fail_after", f"must be an integer >= 0, got {fail_after!r}")
+        check_int("fail_after", fail_after, 0)
         self.name = name
         self.fail_after = fail_after
         self._lock = threading.Lock()
@@ -81,7 +80,7 @@ class HangingDrafter:
     """
 
     def __init__(self, *, max_hang_s: float = 30.0, name: str = FAULT_HANG):
-        if isinstance(max_hang_s, bool) or not isinstance(max_hang_s, (int, float)) or not max_hang_s > 0:
+        if not is_number(max_hang_s) or not max_hang_s > 0:
             raise BanditSpecValidationError("max_hang_s", f"must be a number > 0, got {max_hang_s!r}")
         self.name = name
         self.max_hang_s = float(max_hang_s)
@@ -129,3 +128,8 @@ def make_faulty_drafter(name: str) -> Drafter:
     if name == FAULT_HANG:
         return HangingDrafter()
     raise BanditSpecValidationError("drafters", f"unknown fault drafter {name!r}; expected one of {FAULTY_DRAFTER_NAMES}")
+
+
+# The drafter plug-in interface (banditspec.drafters.registry.build_drafters, ``plugin``).
+DRAFTER_NAMES = FAULTY_DRAFTER_NAMES
+make_drafter = make_faulty_drafter

@@ -1,7 +1,7 @@
 """A server-wide speculation-length controller that learns from measured throughput
 (the paper's §6.2 experiment, in a live server).
 
-It implements :class:`banditspec.budget.SpeculationBudget`: every sequence asks
+It implements :class:`banditspec.gamma_controller.budget.SpeculationBudget`: every sequence asks
 :meth:`ThroughputGammaController.gamma_cap` before drafting and reports each finished
 step to :meth:`~ThroughputGammaController.record_step`, from many request threads.
 
@@ -19,14 +19,14 @@ Time is cut into *rounds*. A round plays one gamma for every sequence in flight:
    those would swamp the difference between two gammas;
 3. the reward goes to the learner of the round's load context (the number of active
    sequences, bucketed 1, 2, 4, ... ``max_bucket``+), one
-   :class:`~banditspec.batching.gamma_bandit.DiscountedGammaUCB` per context, and the
+   :class:`~banditspec.gamma_controller.gamma_bandit.DiscountedGammaUCB` per context, and the
    next round's gamma is that context's choice for the current load.
 
 A round is dropped, unrewarded, when the server idles (no call for ``max_gap_seconds``),
 when the load moves two contexts away (4x) while it runs, or when the mean load over the
 round falls in another context than the one it began in: its tokens/s would describe a
 mix of loads. A context seen for the first time borrows its nearest neighbour's
-estimates (see :class:`~banditspec.batching.gamma_bandit.DiscountedGammaUCB`).
+estimates (see :class:`~banditspec.gamma_controller.gamma_bandit.DiscountedGammaUCB`).
 
 A step is attributed to the round whose gamma it was given: ``gamma_cap`` tags the
 calling thread (each request runs on its own thread, and asks and reports on it), and a
@@ -43,8 +43,8 @@ from typing import Callable
 
 import numpy as np
 
-from banditspec.batching.config import GammaControllerConfig
-from banditspec.batching.gamma_bandit import DiscountedGammaUCB
+from banditspec.gamma_controller.config import GammaControllerConfig
+from banditspec.gamma_controller.gamma_bandit import DiscountedGammaUCB
 
 
 @dataclass(frozen=True)

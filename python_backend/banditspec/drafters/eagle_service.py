@@ -128,13 +128,13 @@ class EagleService:
                     evicted.close(finished=False)
                     self.evicted += 1
                 return session
-            session = self._sessions.get(key)
-            if session is None:
+            known = self._sessions.get(key)
+            if known is None:
                 raise BanditSpecValidationError(
                     "sequence_id", f"unknown sequence {key}: never started (send prompt_ids), "
                     "already ended, or evicted by newer sequences (raise max_sequences)")
             self._sessions.move_to_end(key)
-            return session
+            return known
 
     def _forget(self, key: int) -> None:
         with self._lock:

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 
+from banditspec.checks import check_int, is_number
 from banditspec.config import MAX_SPECULATION_LENGTH
 from banditspec.errors import BanditSpecValidationError
 
 
-def _check_int(field: str, value: object, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < low or (high is not None and value > high):
-        bound = f"in {low}..{high}" if high is not None else f">= {low}"
-        raise BanditSpecValidationError(field, f"must be an integer {bound}, got {value!r}")
-
-
 def _check_real(field: str, value: object, low: float, high: float, *, low_open: bool = False) -> None:
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and value <= high
-    if not ok:
+    in_range = is_number(value) and math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not in_range:
         interval = f"{'(' if low_open else '['}{low}, {high}]"
         raise BanditSpecValidationError(field, f"must be a number in {interval}, got {value!r}")
 
@@ -58,12 +51,12 @@ class GammaControllerConfig:
     unimodal: bool = True
 
     def __post_init__(self) -> None:
-        _check_int("max_gamma", self.max_gamma, 1, MAX_SPECULATION_LENGTH)
-        _check_int("max_bucket", self.max_bucket, 1, 1 << 16)
+        check_int("max_gamma", self.max_gamma, 1, MAX_SPECULATION_LENGTH)
+        check_int("max_bucket", self.max_bucket, 1, 1 << 16)
         if self.max_bucket & (self.max_bucket - 1):
             raise BanditSpecValidationError("max_bucket", f"must be a power of two, got {self.max_bucket}")
-        _check_int("steps_per_sequence", self.steps_per_sequence, 1)
-        _check_int("min_round_steps", self.min_round_steps, 1)
+        check_int("steps_per_sequence", self.steps_per_sequence, 1)
+        check_int("min_round_steps", self.min_round_steps, 1)
         _check_real("min_round_seconds", self.min_round_seconds, 0.0, 3600.0)
         _check_real("max_gap_seconds", self.max_gap_seconds, 0.0, 3600.0, low_open=True)
         _check_real("stall_factor", self.stall_factor, 1.0, 1000.0)

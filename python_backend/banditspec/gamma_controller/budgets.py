@@ -2,15 +2,16 @@
 
 * ``off``      no server-wide cap (each request's arms decide);
 * ``fixed:K``  every sequence drafts at most K tokens per step (K = 0: plain decoding);
-* ``ucb``      :class:`~banditspec.batching.controller.ThroughputGammaController`, which
+* ``ucb``      :class:`~banditspec.gamma_controller.controller.ThroughputGammaController`, which
                learns the cap in 0..L from measured throughput per load context.
 """
 
 from __future__ import annotations
 
-from banditspec.batching.config import GammaControllerConfig
-from banditspec.batching.controller import ThroughputGammaController
-from banditspec.budget import SpeculationBudget, UnlimitedBudget
+from banditspec.checks import check_int, is_int
+from banditspec.gamma_controller.config import GammaControllerConfig
+from banditspec.gamma_controller.controller import ThroughputGammaController
+from banditspec.gamma_controller.budget import SpeculationBudget, UnlimitedBudget
 from banditspec.config import MAX_SPECULATION_LENGTH
 from banditspec.errors import BanditSpecValidationError
 
@@ -21,7 +22,7 @@ class FixedGammaBudget:
     """The same cap for every sequence and every step."""
 
     def __init__(self, cap: int):
-        if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= MAX_SPECULATION_LENGTH:
+        if not is_int(cap) or not 0 <= cap <= MAX_SPECULATION_LENGTH:
             raise BanditSpecValidationError("gamma_controller", f"fixed cap must be in 0..{MAX_SPECULATION_LENGTH}, got {cap!r}")
         self.cap = cap
 
@@ -38,10 +39,7 @@ def make_gamma_budget(spec: str, max_gamma: int = 4) -> SpeculationBudget:
     if text in ("", "off", "none"):
         return UnlimitedBudget()
     if text == "ucb":
-        if isinstance(max_gamma, bool) or not isinstance(max_gamma, int) or not 1 <= max_gamma <= MAX_SPECULATION_LENGTH:
-            raise BanditSpecValidationError(
-                "gamma_controller_max", f"must be an integer in 1..{MAX_SPECULATION_LENGTH}, got {max_gamma!r}"
-            )
+        max_gamma = check_int("gamma_controller_max", max_gamma, 1, MAX_SPECULATION_LENGTH)
         return ThroughputGammaController(GammaControllerConfig(max_gamma=max_gamma))
     if text.startswith("fixed:"):
         try:

@@ -1,0 +1,186 @@
+"""The Triton models' configuration: their ``config.pbtxt`` parameters (strings), read once
+into typed, validated dataclasses. Every error names the parameter.
+
+* :class:`ServingConfig`      the ``banditspec`` model (controller, drafters, limits, metrics)
+* :class:`TargetModelConfig`  the ``target`` model (reference engine)
+* :class:`EagleModelConfig`   the ``eagle`` model (the Eagle head as a service)
+
+Paths and models come only from here, never from a request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Union
+
+from banditspec.bandits.registry import check_policy
+from banditspec.config import DEFAULT_POLICY, REWARD_CHOICES, Limits
+from banditspec.errors import BanditSpecValidationError
+
+TARGET_KINDS = ("reference", "tensorrtllm")
+
+
+def model_parameters(args: Mapping[str, str]) -> dict[str, str]:
+    """A Triton Python model's ``parameters`` (name -> string value) from its ``initialize`` args."""
+    config = json.loads(args["model_config"])
+    return {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+
+
+class Parameters:
+    """Typed reads of string parameters; a missing one takes the default, a malformed one
+    raises BanditSpecValidationError naming it."""
+
+    def __init__(self, params: Mapping[str, str]):
+        self._params = params
+
+    def text(self, key: str, default: str) -> str:
+        return str(self._params.get(key, default))
+
+    def integer(self, key: str, default: int, low: int | None = None) -> int:
+        return int(self._parse(key, default, int, "an integer", low))
+
+    def number(self, key: str, default: float, low: float | None = None, unit: str = "") -> float:
+        return float(self._parse(key, default, float, "a number" + unit, low))
+
+    def _parse(self, key: str, default: float, convert: Callable[[str], float], what: str, low: float | None) -> float:
+        raw = self._params.get(key)
+        if raw is None:
+            return default
+        try:
+            value = convert(raw)
+        except (TypeError, ValueError):
+            raise BanditSpecValidationError(key, f"parameter must be {what}, got {raw!r}") from None
+        if low is not None and value < low:
+            raise BanditSpecValidationError(key, f"must be >= {low:g}, got {value}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        raw = self._params.get(key)
+        return default if raw is None else str(raw).strip().lower() in ("1", "true", "yes", "on")
+
+    def names(self, key: str, default: str) -> tuple[str, ...]:
+        """A comma-separated list, blanks dropped."""
+        return tuple(x.strip() for x in self.text(key, default).split(",") if x.strip())
+
+
+ParameterSource = Union["ServingConfig", Mapping[str, str]]
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """The ``banditspec`` model's parameters (defaults: what a missing parameter means)."""
+
+    target_model: str = "smollm2"  # the checkpoint: tokenizer, and the in-process Eagle head's embedding
+    target_kind: str = "reference"  # reference | tensorrtllm
+    target_name: str = "target"  # the Triton model that verifies
+    tokenizer_dir: str = ""  # "": the target checkpoint's tokenizer
+    max_context: int = 2048
+    drafters: tuple[str, ...] = ("pld", "suffix", "rest")
+    eagle_model: str = ""  # the Triton model of the Eagle head; "": in this process
+    rest_datastore: Path | None = None  # None: the default datastore
+    draft_name: str = "draft"  # the Triton model of a separate draft engine
+    drafter_plugin: Path | None = None  # a file that adds drafters by name (tests only)
+    default_policy: str = DEFAULT_POLICY
+    default_arms: tuple[str, ...] | None = None  # None: every arm the deployment serves
+    default_max_draft_len: int = 4
+    default_reward: str = "accepted"
+    chat_template: bool = True
+    max_concurrent_sequences: int = 8
+    limits: Limits = field(default_factory=lambda: Limits(max_prompt_tokens=1536))
+    drafter_deadline_s: float = 0.5
+    gamma_controller: str = "off"  # off | ucb | fixed:<K> (banditspec.gamma_controller.budgets)
+    gamma_controller_max: int = 4
+    metrics: bool = True
+    metrics_log_interval_s: float = 60.0  # 0: no summary log line
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str]) -> "ServingConfig":
+        p = Parameters(params)
+        target_kind = p.text("target_kind", "reference")
+        if target_kind not in TARGET_KINDS:
+            raise BanditSpecValidationError("target_kind", f"must be one of {TARGET_KINDS}")
+        datastore = p.text("rest_datastore", "default")
+        default_reward = p.text("default_reward", "accepted")
+        if default_reward not in REWARD_CHOICES:
+            raise BanditSpecValidationError("default_reward", f"unknown reward {default_reward!r}; choose from {REWARD_CHOICES}")
+        return cls(
+            target_model=p.text("target_model", "smollm2"),
+            target_kind=target_kind,
+            target_name=p.text("target_name", "target"),
+            tokenizer_dir=p.text("tokenizer_dir", ""),
+            max_context=p.integer("max_context", 2048, low=1),
+            drafters=p.names("drafters", "pld,suffix,rest"),
+            eagle_model=p.text("eagle_model", "").strip(),
+            rest_datastore=None if datastore in ("", "default") else Path(datastore),
+            draft_name=p.text("draft_name", "draft"),
+            drafter_plugin=Path(plugin) if (plugin := p.text("drafter_plugin", "").strip()) else None,
+            default_policy=check_policy(p.text("default_policy", DEFAULT_POLICY), field="default_policy"),
+            default_arms=p.names("default_arms", "") or None,
+            default_max_draft_len=p.integer("default_max_draft_len", 4),
+            default_reward=default_reward,
+            chat_template=p.flag("chat_template", True),
+            max_concurrent_sequences=p.integer("max_concurrent_sequences", 8, low=1),
+            limits=Limits(
+                max_tokens=p.integer("max_tokens_limit", 1024),
+                max_prompt_tokens=p.integer("max_prompt_tokens", 1536),
+                max_stop_words=p.integer("max_stop_words", 16),
+                max_draft_len=p.integer("max_draft_len_limit", 16),
+            ),
+            drafter_deadline_s=p.integer("drafter_deadline_ms", 500) / 1000.0,
+            gamma_controller=p.text("gamma_controller", "off"),
+            gamma_controller_max=p.integer("gamma_controller_max", 4),
+            metrics=p.flag("metrics", True),
+            metrics_log_interval_s=p.number("metrics_log_interval_s", 60.0, low=0, unit=" of seconds"),
+        )
+
+    @classmethod
+    def of(cls, source: ParameterSource) -> "ServingConfig":
+        """``source`` itself, or read from a parameter mapping."""
+        return source if isinstance(source, ServingConfig) else cls.from_parameters(source)
+
+
+@dataclass(frozen=True)
+class TargetModelConfig:
+    """The ``target`` model's parameters (reference engine)."""
+
+    target_model: str = "smollm2"
+    max_context: int = 2048
+    cache_entries: int = 16
+    torch_threads: int = 0  # 0: torch's default
+    kernels: str = "fast"  # fast | transformers (both exact fp32) | int8 (not exact)
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str]) -> "TargetModelConfig":
+        p = Parameters(params)
+        return cls(
+            target_model=p.text("target_model", "smollm2"),
+            max_context=p.integer("max_context", 2048, low=1),
+            cache_entries=p.integer("cache_entries", 16),
+            torch_threads=p.integer("torch_threads", 0),
+            kernels=p.text("kernels", "fast"),
+        )
+
+
+@dataclass(frozen=True)
+class EagleModelConfig:
+    """The ``eagle`` model's parameters (the Eagle head as a service)."""
+
+    target_model: str = "smollm2"
+    max_sequences: int = 64
+    max_draft_len_limit: int = 16
+    min_confidence: float | None = None  # None: the drafter's default
+    torch_threads: int = 1
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str]) -> "EagleModelConfig":
+        p = Parameters(params)
+        raw_confidence = params.get("min_confidence")
+        return cls(
+            target_model=p.text("target_model", "smollm2"),
+            max_sequences=p.integer("max_sequences", 64),
+            max_draft_len_limit=p.integer("max_draft_len_limit", 16),
+            min_confidence=None if raw_confidence is None else p.number("min_confidence", 0.0),
+            torch_threads=p.integer("torch_threads", 1),
+        )

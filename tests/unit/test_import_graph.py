@@ -1,0 +1,123 @@
+"""No import loop in the shipped packages: the static import graph (every ``import``
+statement, function-level lazy ones included) of banditspec and banditspec_client has no
+cycle between modules, nor between the packages they live in (``drafters`` <-> ``eagle``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = (ROOT / "python_backend" / "banditspec", ROOT / "client" / "banditspec_client")
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the shipped packages."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted(package.rglob("*.py")):
+            parts = list(path.relative_to(package.parent).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imported(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The known modules that ``module`` imports anywhere in its source."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:  # `import a.b.c` of a non-module: its nearest module
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    known = set(files)
+    return {
+        module: imported(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py", known)
+        for module, path in files.items()
+    }
+
+
+def package_of(module: str) -> str:
+    """The first-level package a module lives in (banditspec.drafters.pld -> banditspec.drafters);
+    a first-level module is its own unit."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        edges = packages.setdefault(package_of(module), set())
+        edges.update(package_of(t) for t in targets if package_of(t) != package_of(module))
+    return packages
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_sees_lazy_and_relative_imports():
+    source = "def f():\n    from banditspec.drafters import pld\n    from .base import Draft\n"
+    known = {"banditspec.drafters", "banditspec.drafters.pld", "banditspec.drafters.base", "banditspec.drafters.x"}
+    assert imported(ast.parse(source), "banditspec.drafters.x", False, known) == {
+        "banditspec.drafters", "banditspec.drafters.pld", "banditspec.drafters.base"}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_back():
+    graph = import_graph()
+    assert len(graph) > 90 and graph["banditspec.decoding"]
+    assert cycles(graph) == [], "import loops between modules"
+
+
+def test_no_package_imports_itself_back():
+    assert cycles(package_graph(import_graph())) == [], "import loops between packages"
