@@ -366,16 +366,15 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
         for row in rows:
             tokens, seconds = _decode_rate(row["step_seconds"], row["accepted"])
             predicted[method].append({"kind": row["kind"], "tokens": tokens, "seconds": seconds})
+    def rate(rows: list[dict], kind: str) -> float:
+        picked = [r for r in rows if kind == "mixed" or r["kind"] == kind]
+        return sum(r["tokens"] for r in picked) / max(1e-12, sum(r["seconds"] for r in picked))
+
     table: dict = {}
     for kind in kinds + (["mixed"] if len(kinds) > 1 else []):
-        table[kind] = {}
-        for method in methods:
-            def rate(rows, method=method):
-                picked = [r for r in rows[method] if kind == "mixed" or r["kind"] == kind]
-                return sum(r["tokens"] for r in picked) / max(1e-12, sum(r["seconds"] for r in picked))
-            table[kind][method] = {"measured_tps": rate(measured), "predicted_tps": rate(predicted)}
+        table[kind] = {m: {"measured_tps": rate(measured[m], kind), "predicted_tps": rate(predicted[m], kind)} for m in methods}
         plain = table[kind].get("vanilla")
-        for method, entry in table[kind].items():
+        for entry in table[kind].values():
             entry["predicted_over_measured"] = entry["predicted_tps"] / entry["measured_tps"]
             if plain:
                 entry["measured_speedup"] = entry["measured_tps"] / plain["measured_tps"]
