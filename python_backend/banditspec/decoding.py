@@ -317,11 +317,24 @@ class DecodingSession:
             return index, Draft(draft.token_ids[: choice.gamma], None if draft.probs is None else draft.probs[: choice.gamma])
         began = self._clock()
         draft = self._propose(self.arms[index], choice.gamma)
-        if draft is None or len(draft) == 0:
-            return None, Draft()
-        spent = (self._clock() - began) / max(1, len(draft))
+        produced = 0 if draft is None else len(draft)
+        spent = (self._clock() - began) / max(1, produced)
         old = self._draft_cost.get(choice.drafter)
         self._draft_cost[choice.drafter] = spent if old is None else 0.8 * old + 0.2 * spent
+        if draft is not None and produced == 0:
+            # The costly drafter declined (Eagle below its confidence cut-off): an outcome of
+            # choosing it, scored as a first token not accepted, so that its estimate says how
+            # often choosing it yields a token (not only how good its non-empty drafts are);
+            # unscored, a drafter that mostly declines kept being chosen and every such round
+            # decoded plainly. The round then takes the best cheap proposal.
+            controller.record(choice.drafter, 0, 1, 0, 1)
+        if produced == 0:
+            fallback = controller.choose([c for c in candidates if not c.costly], limit)
+            if fallback.drafter is None:
+                return None, Draft()
+            index = next(i for i in self._available if self.arms[i].drafter == fallback.drafter)
+            cheap = drafts[index]
+            return index, Draft(cheap.token_ids[: fallback.gamma], None if cheap.probs is None else cheap.probs[: fallback.gamma])
         self._open_proposals.append((choice.drafter, 0, position, draft.token_ids.tolist(), 0))
         return index, draft
 

@@ -151,6 +151,22 @@ def test_costaware_plain_decoding_when_drafts_are_wrong_and_verify_is_steep():
     assert engine.fed.count(1) >= 38
 
 
+def test_a_costly_drafter_that_declines_is_scored_and_the_round_still_drafts():
+    """Eagle below its confidence cut-off proposes nothing. Before the fix that outcome was
+    not scored: the costly drafter's optimism never faded, it was chosen round after round,
+    and each such round decoded plainly although a cheap drafter was right (measured on
+    SmolLM2 chat: 146 of 220 rounds plain, 21 against 26.6 tokens/s without Eagle)."""
+    decoder, engine = timed_decoder(FLAT, right=oracle, shy=lambda _engine: (lambda context, max_len: []))
+    decoder.drafters["shy"].costly = True  # proposes only when chosen, like Eagle
+    request = GenerationRequest(prompt_ids=PROMPT, max_tokens=60, arms=["shy", "right"], max_draft_len=4)
+    result = run_to_completion(engine, decoder.start(request))
+    assert result.token_ids == engine.engine.vanilla(PROMPT, 60)
+    assert result.stats.arms.count("vanilla") <= 2  # the first step, and perhaps the last
+    assert result.stats.as_dict()["steps"] < 60 / 3  # every round drafted with the right drafter
+    shy = decoder.shared_acceptance.as_dict()["shy"]
+    assert shy["offered"][0] >= 1 and shy["accept_rate"][0] == 0.0  # the declines were scored
+
+
 def test_warm_start_from_the_server_statistics_and_determinism():
     decoder, engine = timed_decoder(STEEP, right=oracle, wrong=always_wrong)
     request = GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["wrong", "right"], max_draft_len=4)
