@@ -149,7 +149,7 @@ class TargetModelConfig:
     max_context: int = 2048
     cache_entries: int = 16
     torch_threads: int = 0  # 0: torch's default
-    kernels: str = "fast"  # fast | transformers (both exact fp32) | int8 (not exact)
+    kernels: str = "fast"  # fast (panel, bitwise exact) | onednn | transformers (fp32) | int8 (not exact)
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "TargetModelConfig":

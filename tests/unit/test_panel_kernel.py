@@ -57,9 +57,12 @@ def test_shapes_threads_and_inputs(library):
     assert torch.equal(linear(x.transpose(0, 1).contiguous().transpose(0, 1)), y)  # non-contiguous input
     assert linear(torch.empty(0, 48)).shape == (0, 200)
     threads = torch.get_num_threads()
+    many = torch.randn(70, 48)  # >= 64 rows (a prefill): panels shared out among threads
+    alone = linear(many)
     try:
         torch.set_num_threads(2)
-        assert torch.equal(linear(x), y)  # panels split across threads: same values
+        assert torch.equal(linear(x), y)  # a decoding step stays on one thread
+        assert torch.equal(linear(many), alone)  # threads: same values
     finally:
         torch.set_num_threads(threads)
 

@@ -35,7 +35,7 @@ class TritonPythonModel:
             config.target_model,
             max_context=config.max_context,
             cache_entries=config.cache_entries,
-            kernels=config.kernels,  # fast | transformers (both exact fp32) | int8 (not exact)
+            kernels=config.kernels,  # fast (panel, bitwise exact) | onednn | transformers (fp32) | int8 (not exact)
         )
         self.metrics = None  # the prefix KV cache as nv_banditspec_target_* gauges
         if hasattr(pb_utils, "MetricFamily"):

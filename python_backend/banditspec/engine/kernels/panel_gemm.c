@@ -20,8 +20,8 @@
  * are grouped. So a row's result is bitwise the same whether the call carries 1 row
  * or 17: a verify step computes exactly what one-token decoding computes.
  *
- * Threads: groups are shared out dynamically among `threads` OpenMP threads (1 = no
- * parallel region; torch's own libgomp is the one loaded, so one thread pool serves both).
+ * Threads: for calls of PARALLEL_MIN_ROWS rows or more (prefill), groups are shared out
+ * dynamically among `threads` OpenMP threads (otherwise no parallel region; torch's own libgomp is the one loaded, so one thread pool serves both).
  * Compiled without a global -mavx2: only the kernels carry the target attribute, and
  * bs_panel_cpu_ok() says whether the running CPU has AVX2 and FMA.
  */
@@ -30,6 +30,11 @@
 #include <string.h>
 
 #define PANEL 16
+/* Threads only for calls of at least this many rows (prefill): a decoding or verify step
+ * (1..17 rows) stays on one thread. On a machine whose cores are busy (Triton's other
+ * model processes, the clients) every parallel region waits for a descheduled thread,
+ * which made whole test runs several times slower; one thread already streams the weights. */
+#define PARALLEL_MIN_ROWS 64
 #define GROUP 6
 #ifndef K_BLOCK
 #define K_BLOCK 16 /* 6 panels x 16 k x 64 B = 6 KiB: stays in L1 across the rows */
@@ -156,7 +161,7 @@ __attribute__((target("avx2,fma"))) void bs_panel_gemm(
     int64_t N, float *y, int64_t ldy, int threads) {
     const int64_t panels = (N + PANEL - 1) / PANEL;
     const int64_t groups = (panels + GROUP - 1) / GROUP;
-#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1)
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1 && M >= PARALLEL_MIN_ROWS)
     for (int64_t g = 0; g < groups; ++g) {
         const int64_t p_begin = g * GROUP;
         const int64_t p_end = (p_begin + GROUP) < panels ? (p_begin + GROUP) : panels;
@@ -260,7 +265,7 @@ __attribute__((target("avx2,fma"))) void bs_attention(
     int64_t T, int64_t L, int64_t D, float scale, int threads) {
     const int64_t G = H / KVH;
     const int64_t jobs = B * H * T;
-#pragma omp parallel num_threads(threads) if (threads > 1)
+#pragma omp parallel num_threads(threads) if (threads > 1 && T >= PARALLEL_MIN_ROWS)
     {
         float *scores = (float *)malloc((size_t)(L > 0 ? L : 1) * sizeof(float));
 #pragma omp for schedule(dynamic)
