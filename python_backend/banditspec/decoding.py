@@ -328,7 +328,7 @@ class DecodingSession:
             # unscored, a drafter that mostly declines kept being chosen and every such round
             # decoded plainly. The round then takes the best cheap proposal.
             controller.record(choice.drafter, 0, 1, 0, 1)
-        if produced == 0:
+        if draft is None or produced == 0:
             fallback = controller.choose([c for c in candidates if not c.costly], limit)
             if fallback.drafter is None:
                 return None, Draft()
