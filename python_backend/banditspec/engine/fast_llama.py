@@ -6,7 +6,9 @@ with those few rows (it re-packs the weight on every call), so checking 5 tokens
 ~2x checking one. Here every projection is a oneDNN linear over a weight packed ONCE
 at load (``torch.ops.mkldnn._reorder_linear_weight``), q/k/v and gate/up are fused
 into one GEMM each (fewer, wider calls), and the per-layer Python work is a handful
-of ops. Numerics stay fp32 throughout; the math is the Llama decoder's (RMSNorm,
+of ops. With the default "panel" projections (engine/panel_kernel.py) the projections,
+the LM head and the attention run in the C kernels instead, in an order that does not
+depend on the rows of a call (bitwise exact across steps). Numerics stay fp32 throughout; the math is the Llama decoder's (RMSNorm,
 rotary positions, grouped-query attention, SiLU-gated MLP) as transformers computes
 it, so greedy tokens agree with transformers' forward up to float rounding.
 
