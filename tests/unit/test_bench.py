@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from banditspec.errors import BanditSpecValidationError
-from banditspec_client import bench
-from banditspec_client.bench_methods import RunRecord, digest, parse_methods, rotated
-from banditspec_client.bench_report import markdown_report, summarize_workload, target_checks
-from banditspec_client.bench_triton import bench_repository, private_model_name, process_group_cpu_seconds
+from banditspec_client.bench.compare import command as bench
+from banditspec_client.bench.methods import RunRecord, digest, parse_methods, rotated
+from banditspec_client.bench.compare.summary import markdown_report, summarize_workload, target_checks
+from banditspec_client.bench.through_triton import bench_repository, private_model_name, process_group_cpu_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 
