@@ -124,7 +124,7 @@ MODULE_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("bench-drafters", "banditspec_client.bench.drafters", "proposal cost of each drafter"),
     ("replay", "banditspec_client.replay", "score every policy offline and exactly from recorded traces (tune, compare)"),
     ("bench-engine", "banditspec_client.bench.engine", "verify cost over k new tokens and decode rate of the target engine"),
-    ("soak", "banditspec_client.soak", "bounded soak of a real tritonserver: mixed traffic, memory, KV, /dev/shm"),
+    ("soak", "banditspec_client.soak.command", "bounded soak of a real tritonserver: mixed traffic, memory, KV, /dev/shm"),
 )
 
 
