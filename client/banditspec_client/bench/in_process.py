@@ -16,7 +16,7 @@ import time
 from typing import Sequence
 
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
-from banditspec_client.bench.runner import RunSettings
+from banditspec_client.bench.runner import RunSettings, split_available
 from banditspec_client.bench.workloads import Prompt
 
 log = logging.getLogger(__name__)
@@ -60,16 +60,13 @@ class InProcessRunner:
 
     def available(self, methods: Sequence[Method]) -> tuple[list[Method], dict[str, str]]:
         """(methods this stack can run, {skipped method: reason})."""
-        usable, skipped = [], {}
-        for method in methods:
-            if method.fixed_arm and method.drafter not in self.shared_drafters:
-                why = self.unavailable.get(method.drafter, "not built")
-                skipped[method.name] = f"drafter {method.drafter!r} unavailable: {why}"
-            elif method.adaptive and not self.adaptive_arms:
-                skipped[method.name] = "no drafter available"
-            else:
-                usable.append(method)
-        return usable, skipped
+
+        def unserved(drafter: str) -> str | None:
+            if drafter in self.shared_drafters:
+                return None
+            return f"drafter {drafter!r} unavailable: {self.unavailable.get(drafter, 'not built')}"
+
+        return split_available(methods, unserved, self.adaptive_arms, "no drafter available")
 
     def _decoder(self, method: Method):
         from banditspec.decoding import SpeculativeDecoder

@@ -11,7 +11,7 @@ tritonserver, gRPC requests). :func:`run_interleaved` runs a prompt list with ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, rotated
 from banditspec_client.bench.workloads import Prompt
@@ -57,6 +57,23 @@ class Runner(Protocol):
 
     def close(self) -> None:
         ...
+
+
+def split_available(methods: Sequence[Method], unserved: Callable[[str], str | None], adaptive_arms: Sequence[str],
+                    no_arms: str) -> tuple[list[Method], dict[str, str]]:
+    """(methods a stack can run, {skipped method: reason}); ``unserved(drafter)``: why the
+    stack cannot serve a fixed arm's drafter (None: it can); ``no_arms``: why an adaptive
+    method is skipped when the stack serves no drafter for it."""
+    usable, skipped = [], {}
+    for method in methods:
+        why = unserved(method.drafter) if method.fixed_arm else None
+        if why is not None:
+            skipped[method.name] = why
+        elif method.adaptive and not adaptive_arms:
+            skipped[method.name] = no_arms
+        else:
+            usable.append(method)
+    return usable, skipped
 
 
 def run_interleaved(runner: Runner, prompts: Sequence[Prompt], methods: Sequence[Method], max_tokens: int,

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
-from banditspec_client.bench.runner import RunSettings
+from banditspec_client.bench.runner import RunSettings, split_available
 from banditspec_client.bench.workloads import Prompt
 
 CONTROLLER = "banditspec"
@@ -157,15 +157,10 @@ class TritonRunner:
         return served
 
     def available(self, methods: Sequence[Method]) -> tuple[list[Method], dict[str, str]]:
-        usable, skipped = [], {}
-        for method in methods:
-            if method.fixed_arm and method.drafter not in self.served:
-                skipped[method.name] = f"drafter {method.drafter!r} is not served through Triton here"
-            elif method.adaptive and not self.adaptive_arms:
-                skipped[method.name] = "no drafter served"
-            else:
-                usable.append(method)
-        return usable, skipped
+        def unserved(drafter: str) -> str | None:
+            return None if drafter in self.served else f"drafter {drafter!r} is not served through Triton here"
+
+        return split_available(methods, unserved, self.adaptive_arms, "no drafter served")
 
     def _flush(self) -> None:
         """Evict the target's one cached sequence with a one-token verification call."""
