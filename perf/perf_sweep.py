@@ -68,7 +68,7 @@ def with_policy(data: dict, policy: str | None) -> dict:
 
 
 def workload_input_data(workload: str, prompts: int, max_tokens: int) -> dict:
-    from banditspec_client.workloads import load_workload
+    from banditspec_client.bench.workloads import load_workload
 
     return make_input_data([p.text for p in load_workload(workload, prompts)], max_tokens)
 

@@ -10,4 +10,4 @@ if [ ! -x .venv-aiperf/bin/aiperf ]; then
   python3 -m venv .venv-aiperf
   .venv-aiperf/bin/python -m pip install --quiet "aiperf==${AIPERF_VERSION}"
 fi
-exec .venv/bin/python -m banditspec_client.bench_aiperf --aiperf .venv-aiperf/bin/aiperf "$@"
+exec .venv/bin/python -m banditspec_client.bench.aiperf --aiperf .venv-aiperf/bin/aiperf "$@"

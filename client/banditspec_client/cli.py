@@ -118,13 +118,13 @@ MODULE_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("openai", "banditspec_client.openai_api.server", "OpenAI-compatible HTTP API in front of a running Triton"),
     ("demo", "banditspec_client.demo", "start Triton, send a few prompts, compare with plain decoding"),
     ("simulate", "banditspec.simulate", "bandit regret on synthetic arms (the paper's TGD)"),
-    ("bench", "banditspec_client.bench", "benchmark methods side by side (paper Table 1)"),
-    ("bench-overhead", "banditspec_client.bench_overhead", "tokens/s through Triton vs in process, side by side"),
-    ("bench-concurrency", "banditspec_client.bench_concurrency", "throughput vs concurrent streams: fixed gamma vs the controller"),
-    ("bench-drafters", "banditspec_client.bench_drafters", "proposal cost of each drafter"),
+    ("bench", "banditspec_client.bench.compare.command", "benchmark methods side by side (paper Table 1)"),
+    ("bench-overhead", "banditspec_client.bench.overhead", "tokens/s through Triton vs in process, side by side"),
+    ("bench-concurrency", "banditspec_client.bench.concurrency.command", "throughput vs concurrent streams: fixed gamma vs the controller"),
+    ("bench-drafters", "banditspec_client.bench.drafters", "proposal cost of each drafter"),
     ("replay", "banditspec_client.replay", "score every policy offline and exactly from recorded traces (tune, compare)"),
-    ("bench-engine", "banditspec_client.bench_engine", "verify cost over k new tokens and decode rate of the target engine"),
-    ("soak", "banditspec_client.soak", "bounded soak of a real tritonserver: mixed traffic, memory, KV, /dev/shm"),
+    ("bench-engine", "banditspec_client.bench.engine", "verify cost over k new tokens and decode rate of the target engine"),
+    ("soak", "banditspec_client.soak.command", "bounded soak of a real tritonserver: mixed traffic, memory, KV, /dev/shm"),
 )
 
 

@@ -23,7 +23,9 @@ import numpy as np
 
 from banditspec.paths import cache_dir
 from banditspec_client.serve import TritonServer, free_port
-from banditspec_client.soak import VanillaReference, metric_total, scrape_metrics, server_processes, shm_bytes
+from banditspec_client.prometheus_text import metric_total, scrape_metrics
+from banditspec_client.soak.expected import VanillaReference
+from banditspec_client.soak.processes import server_processes, shm_bytes
 from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc
 
 PROMPTS = [

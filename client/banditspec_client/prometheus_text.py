@@ -1,4 +1,6 @@
-"""Prometheus text exposition (Triton's :8002/metrics): scrape, parse, sum a metric's series."""
+"""Prometheus text exposition (Triton's :8002/metrics): scrape, parse, sum a metric's series.
+
+The one reader of the metrics port in the client, its benchmarks and its tests."""
 
 from __future__ import annotations
 
@@ -28,6 +30,13 @@ def scrape_metrics(metrics_port: int, host: str = "localhost") -> Series:
         return parse_metrics(resp.read().decode())
 
 
+def metric_value(series: Series, name: str, **labels: str) -> float | None:
+    """Sum of the series of ``name`` whose labels include ``labels``; None when none matches
+    (the server does not export it)."""
+    values = [v for lab, v in series.get(name, []) if all(lab.get(k) == x for k, x in labels.items())]
+    return sum(values) if values else None
+
+
 def metric_total(series: Series, name: str, **labels: str) -> float:
     """Sum of the series of ``name`` whose labels include ``labels`` (0 when absent)."""
-    return sum(v for lab, v in series.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+    return metric_value(series, name, **labels) or 0.0

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _prompts(args) -> list[tuple[str, str]]:
-    from banditspec_client.workloads import load_prompts_file, load_workload
+    from banditspec_client.bench.workloads import load_prompts_file, load_workload
 
     if args.prompts_file is not None:
         return [(p.kind, p.text) for p in load_prompts_file(args.prompts_file)]

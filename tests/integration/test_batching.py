@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from banditspec_client.bench_concurrency_load import scrape, scrape_optional
+from banditspec_client.prometheus_text import metric_total, metric_value, scrape_metrics
 from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
 pytestmark = pytest.mark.integration
@@ -29,8 +29,8 @@ MAX_TOKENS = 40
 TARGET_COUNTERS = ("verify_batches", "verified_sequences", "mixed_draft_batches", "draft_tokens")
 
 
-def _target_counters(metrics_url: str) -> dict[str, float]:
-    return {name: scrape(metrics_url, f"nv_banditspec_target_{name}") for name in TARGET_COUNTERS}
+def _target_counters(series) -> dict[str, float]:
+    return {name: metric_total(series, f"nv_banditspec_target_{name}") for name in TARGET_COUNTERS}
 
 
 def _concurrently(url: str, jobs: list[tuple[str, GenerationOptions]]) -> list:
@@ -53,12 +53,13 @@ def _concurrently(url: str, jobs: list[tuple[str, GenerationOptions]]) -> list:
 
 
 def test_concurrent_mixed_gamma_requests_share_forward_passes_and_equal_their_solo_runs(server, local_vanilla):
-    metrics_url = f"localhost:{server.metrics_port}"
-    before = _target_counters(metrics_url)
-    passes_before = scrape_optional(metrics_url, "nv_banditspec_target_forward_passes")
+    series = scrape_metrics(server.metrics_port)
+    before = _target_counters(series)
+    passes_before = metric_value(series, "nv_banditspec_target_forward_passes")
     jobs = [(p, GenerationOptions(max_tokens=MAX_TOKENS, policy=pol, max_draft_len=4)) for p, pol in zip(EDIT_PROMPTS, POLICIES)]
     results = _concurrently(server.grpc_url, jobs)
-    after = _target_counters(metrics_url)
+    series = scrape_metrics(server.metrics_port)
+    after = _target_counters(series)
     for (prompt, opts), result in zip(jobs, results):
         assert not isinstance(result, Exception), result
         assert result.text == local_vanilla(prompt, MAX_TOKENS), f"{opts.policy} differs on {prompt!r}"
@@ -67,8 +68,8 @@ def test_concurrent_mixed_gamma_requests_share_forward_passes_and_equal_their_so
     assert delta["verified_sequences"] == sum(r.stats["steps"] for r in results)
     assert delta["verified_sequences"] > delta["verify_batches"], f"no batch held two sequences: {delta}"
     assert delta["mixed_draft_batches"] >= 1, f"no batch mixed draft lengths: {delta}"
-    assert scrape(metrics_url, "nv_banditspec_target_largest_batch") >= 2
-    passes_after = scrape_optional(metrics_url, "nv_banditspec_target_forward_passes")
+    assert metric_total(series, "nv_banditspec_target_largest_batch") >= 2
+    passes_after = metric_value(series, "nv_banditspec_target_forward_passes")
     if passes_before is not None and passes_after is not None:  # the engine's own count: one pass per batch
         assert passes_after - passes_before == delta["verify_batches"]
 

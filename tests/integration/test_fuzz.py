@@ -69,7 +69,7 @@ def fuzz_server():
 
 
 def _rss_mb(server) -> float:
-    from banditspec_client.soak import server_processes
+    from banditspec_client.soak.processes import server_processes
 
     return sum(p.rss_bytes for p in server_processes(server.process.pid)) / 2**20
 
@@ -312,7 +312,7 @@ def test_fuzz_raw_bytes_to_the_grpc_port(fuzz_server):
 
 def test_after_fuzzing_no_stub_died_and_a_normal_request_is_exact(fuzz_server):
     """Runs last in this module: the same stubs are alive, health is ready, outputs exact."""
-    from banditspec_client.soak import VanillaReference
+    from banditspec_client.soak.expected import VanillaReference
 
     server, stubs = fuzz_server
     assert {s.pid for s in list_stubs(server.process.pid)} == stubs, "a stub died (or restarted) under fuzzing"

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from banditspec_client.soak import metric_total, scrape_metrics
+from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
 
 pytestmark = pytest.mark.integration

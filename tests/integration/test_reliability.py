@@ -15,7 +15,9 @@ import pytest
 
 from banditspec.paths import cache_dir
 from banditspec_client.serve import TritonServer, free_port
-from banditspec_client.soak import VanillaReference, leftovers, metric_total, scrape_metrics, server_processes
+from banditspec_client.prometheus_text import metric_total, scrape_metrics
+from banditspec_client.soak.expected import VanillaReference
+from banditspec_client.soak.processes import leftovers, server_processes
 from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
 
 pytestmark = pytest.mark.integration

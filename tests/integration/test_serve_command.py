@@ -133,7 +133,7 @@ def served():
 
 @pytest.fixture(scope="module")
 def reference():
-    from banditspec_client.soak import VanillaReference
+    from banditspec_client.soak.expected import VanillaReference
 
     return VanillaReference("tiny")
 

@@ -42,7 +42,7 @@ def test_grpc_output_equals_in_process_vanilla(server, local_vanilla, policy):
 def test_the_eagle_arm_drafts_in_the_eagle_model_through_bls(server, local_vanilla):
     """fixed:eagle and ucbspec call the `eagle` model (Triton's own counters move), lossless;
     plain decoding does not call it."""
-    from banditspec_client.soak import metric_total, scrape_metrics
+    from banditspec_client.prometheus_text import metric_total, scrape_metrics
 
     def eagle_calls() -> float:
         return metric_total(scrape_metrics(server.metrics_port), "nv_inference_count", model="eagle")

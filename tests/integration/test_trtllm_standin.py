@@ -122,7 +122,7 @@ def test_greedy_output_equals_the_stand_ins_plain_decoding_for_every_policy(trt_
             assert (drafted > 0) == (policy in MUST_DRAFT), f"{policy}: the arm was served and really drafted"
     assert extra_tokens_seen > 0, "no step got more than accepted + 1 tokens: the extra-token path went untested"
     # every step resent the whole sequence; the stand-in reported the blocks it found again
-    from banditspec_client.soak import metric_total, scrape_metrics
+    from banditspec_client.prometheus_text import metric_total, scrape_metrics
 
     series = scrape_metrics(trt_server.metrics_port)
     calls = metric_total(series, "nv_banditspec_target_verify_calls", model="banditspec")

@@ -13,7 +13,7 @@ from dataclasses import asdict
 import pytest
 
 from banditspec.paths import cache_dir
-from banditspec_client.soak import soak
+from banditspec_client.soak.command import soak
 
 pytestmark = pytest.mark.integration
 

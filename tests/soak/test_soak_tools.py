@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import os
 
-from banditspec_client.soak import (
-    DETERMINISTIC_POLICY,
-    build_workload,
-    leftovers,
-    metric_total,
-    parse_metrics,
-    server_processes,
-)
+from banditspec_client.prometheus_text import metric_total, parse_metrics
+from banditspec_client.soak.processes import leftovers, server_processes
+from banditspec_client.soak.workload import DETERMINISTIC_POLICY, build_workload
 
 SCRAPE = """# HELP nv_banditspec_arm_pulls Number of decoding steps that chose the arm
 # TYPE nv_banditspec_arm_pulls counter
@@ -46,3 +41,38 @@ def test_process_probe_sees_this_process_and_no_leftovers_of_a_live_one():
     (me, *children) = server_processes(os.getpid())
     assert me.role == "server" and me.rss_bytes > 0
     assert leftovers([me], wait_s=0) == ([os.getpid()], [])
+
+
+def test_cut_at_stop_drops_the_first_stop_word_and_what_follows():
+    from banditspec_client.soak.expected import cut_at_stop
+
+    assert cut_at_stop([1, 2, 3, 4, 5], [[3, 4]], 10) == [1, 2]
+    assert cut_at_stop([1, 2, 3, 4, 5], [[4], [2, 3]], 10) == [1]  # the stop word that ends first
+    assert cut_at_stop([1, 2, 3, 4, 5], [[9]], 3) == [1, 2, 3]
+    assert cut_at_stop([1, 2, 3], [[3]], 2) == [1, 2]  # max_tokens reached before the stop word
+    assert cut_at_stop([1, 2, 3], [], 5) == [1, 2, 3]
+
+
+def test_expected_text_equals_plain_decoding_by_the_decoding_loop():
+    """The soak's reference (target calls + its own stop rule) and the decoding loop's vanilla
+    policy (the server's code) agree, stop words included."""
+    from banditspec.config import GenerationRequest
+    from banditspec.decoding import run_to_completion
+    from banditspec.runtime import load_local
+    from banditspec.text import prompt_ids, stop_sequences
+    from banditspec_client.soak.expected import VanillaReference
+    from banditspec_client.soak.workload import PROMPTS
+
+    reference, stack = VanillaReference("tiny"), load_local("tiny", arms=("pld",))
+    tok = stack.tokenizer
+    cut = 0
+    for prompt in PROMPTS[:3]:
+        words = reference.text(prompt, 24).split()  # stop words the (random) tiny model does produce
+        for stop in ((), (".",), (f" {words[4]}",), (f" {words[8]}", f" {words[2]}")):
+            request = GenerationRequest(prompt_ids(tok, prompt, chat=True), 24, policy="vanilla",
+                                        stop_sequences=stop_sequences(tok, list(stop)))
+            result = run_to_completion(stack.engine, stack.decoder.start(request))
+            assert reference.token_ids(prompt, 24, stop) == result.token_ids, (prompt, stop)
+            assert reference.text(prompt, 24, stop) == tok.decode(result.token_ids, skip_special_tokens=True)
+            cut += result.finish_reason == "stop"
+    assert cut >= 3  # the stop rule was exercised

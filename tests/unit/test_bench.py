@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from banditspec.errors import BanditSpecValidationError
-from banditspec_client import bench
-from banditspec_client.bench_methods import RunRecord, digest, parse_methods, rotated
-from banditspec_client.bench_report import markdown_report, summarize_workload, target_checks
-from banditspec_client.bench_triton import bench_repository, private_model_name, process_group_cpu_seconds
+from banditspec_client.bench.compare import command as bench
+from banditspec_client.bench.methods import RunRecord, digest, parse_methods, rotated
+from banditspec_client.bench.compare.summary import markdown_report, summarize_workload, target_checks
+from banditspec_client.bench.runner import split_available
+from banditspec_client.bench.through_triton import bench_repository, private_model_name, process_group_cpu_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,6 +53,14 @@ def test_rotation_puts_every_method_in_every_position_equally_often():
     assert all(sorted(o) == sorted(m.name for m in methods) for o in orders)
     for position in range(4):
         assert sorted(o[position] for o in orders) == sorted([m.name for m in methods] * 2)
+
+
+def test_runners_skip_methods_whose_drafters_they_do_not_serve():
+    methods = parse_methods("vanilla,pld,eagle,ucbspec")
+    usable, skipped = split_available(methods, lambda d: None if d == "pld" else f"no {d}", ["pld"], "none")
+    assert [m.name for m in usable] == ["vanilla", "pld", "ucbspec"] and skipped == {"eagle": "no eagle"}
+    usable, skipped = split_available(methods, lambda d: "gone", [], "no arms")
+    assert [m.name for m in usable] == ["vanilla"] and skipped == {"pld": "gone", "eagle": "gone", "ucbspec": "no arms"}
 
 
 # -- aggregation and the oracle ------------------------------------------------------

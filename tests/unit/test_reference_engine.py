@@ -20,6 +20,7 @@ from banditspec.engine import panel_kernel
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.reference import ReferenceEngine
 from banditspec.errors import BanditSpecValidationError
+from banditspec.text import prompt_ids
 
 # Chi-square critical values at alpha = 0.001, by degrees of freedom (standard tables).
 CHI2_CRITICAL_0_001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458,
@@ -454,8 +455,8 @@ def test_smollm2_speculative_and_batched_greedy_equal_generate():
     torch.set_num_threads(2)
     engine = ReferenceEngine.from_name("smollm2", max_context=1024)
     tokenizer = engine.tokenizer
-    prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False)
+    prompts = [  # chat-templated by the server's own function
+        prompt_ids(tokenizer, text, chat=True)
         for text in ("Write a Python function that reverses a string.", "What is the capital of France?")
     ]
     with torch.inference_mode():

@@ -6,7 +6,7 @@ import pytest
 
 from banditspec.datasets import humaneval_problems, sharegpt_split
 from banditspec.errors import BanditSpecValidationError
-from banditspec_client.workloads import WORKLOADS, Prompt, load_workload, parse_workloads
+from banditspec_client.bench.workloads import WORKLOADS, Prompt, load_workload, parse_workloads
 
 
 @pytest.mark.parametrize("name", WORKLOADS)

@@ -1,6 +1,6 @@
 """Through-Triton benchmark runner: a real tritonserver (``TritonServer``) and gRPC requests.
 
-Fairness rules, as in process (see ``bench_local``):
+Fairness rules, as in process (see :mod:`banditspec_client.bench.in_process`):
 
 * the target's prefix KV cache holds one sequence (``cache_entries=1``) and after each
   request a one-token verification call on ``target`` evicts it, so that no method
@@ -25,8 +25,9 @@ from typing import Sequence
 
 import numpy as np
 
-from banditspec_client.bench_methods import FIXED_DRAFTERS, Method, RunRecord, digest
-from banditspec_client.workloads import Prompt
+from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
+from banditspec_client.bench.runner import RunSettings, split_available
+from banditspec_client.bench.workloads import Prompt
 
 CONTROLLER = "banditspec"
 PROBE_PROMPT = "Say hello."
@@ -71,19 +72,14 @@ def process_group_cpu_seconds(pgid: int) -> float:
 
 
 class TritonRunner:
-    """Starts tritonserver for ``methods`` (context manager) and runs requests over gRPC."""
+    """A :class:`~banditspec_client.bench.runner.Runner` through a real tritonserver, started
+    for ``methods`` (context manager); requests over gRPC."""
 
     label = "triton"
 
-    def __init__(self, methods: Sequence[Method], model: str = "smollm2", *, max_draft_len: int = 4,
-                 seed: int = 0, threads: int = 1, adaptive_drafters: Sequence[str] = FIXED_DRAFTERS,
-                 log_path: Path | None = None):
+    def __init__(self, settings: RunSettings, methods: Sequence[Method], *, log_path: Path | None = None):
+        self.settings = settings
         self.methods = list(methods)
-        self.model = model
-        self.max_draft_len = max_draft_len
-        self.seed = seed
-        self.threads = threads
-        self.adaptive_drafters = list(adaptive_drafters)
         self.log_path = log_path
         self.model_for = {m.name: private_model_name(m) if m.needs_suffix_state else CONTROLLER for m in self.methods}
         self.served: list[str] = []  # drafters the server serves
@@ -101,13 +97,13 @@ class TritonRunner:
         self._workdir = Path(tempfile.mkdtemp(prefix="bench-repo-", dir=cache_dir()))
         source = bench_repository(SOURCE_REPOSITORY, copies, self._workdir / "models")
         overrides = {
-            "target": {"cache_entries": "1", "torch_threads": str(self.threads)},
+            "target": {"cache_entries": "1", "torch_threads": str(self.settings.threads)},
             CONTROLLER: {"max_concurrent_sequences": "2"},
         }
         for name in copies:
-            overrides[name] = {"target_model": self.model, "max_concurrent_sequences": "2"}
+            overrides[name] = {"target_model": self.settings.model, "max_concurrent_sequences": "2"}
         self._server = TritonServer(
-            model=self.model, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+            model=self.settings.model, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
             overrides=overrides, log_path=self.log_path, source=source,
         )
         try:
@@ -116,7 +112,7 @@ class TritonRunner:
 
             self._client = grpcclient.InferenceServerClient(self._server.grpc_url)
             self.served = self._probe_drafters()
-            self.adaptive_arms = [d for d in self.served if d in self.adaptive_drafters]
+            self.adaptive_arms = [d for d in self.served if d in self.settings.adaptive_drafters]
         except BaseException:
             self.__exit__()
             raise
@@ -141,8 +137,8 @@ class TritonRunner:
         from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
         opts = GenerationOptions(
-            max_tokens=max_tokens, stream=False, seed=self.seed, policy=method.policy, arms=arms,
-            max_draft_len=self.max_draft_len, reward=method.reward,
+            max_tokens=max_tokens, stream=False, seed=self.settings.seed, policy=method.policy, arms=arms,
+            max_draft_len=self.settings.max_draft_len, reward=method.reward,
         )
         return generate_grpc(self._server.grpc_url, text, opts, model_name=model_name)
 
@@ -161,15 +157,10 @@ class TritonRunner:
         return served
 
     def available(self, methods: Sequence[Method]) -> tuple[list[Method], dict[str, str]]:
-        usable, skipped = [], {}
-        for method in methods:
-            if method.fixed_arm and method.drafter not in self.served:
-                skipped[method.name] = f"drafter {method.drafter!r} is not served through Triton here"
-            elif method.adaptive and not self.adaptive_arms:
-                skipped[method.name] = "no drafter served"
-            else:
-                usable.append(method)
-        return usable, skipped
+        def unserved(drafter: str) -> str | None:
+            return None if drafter in self.served else f"drafter {drafter!r} is not served through Triton here"
+
+        return split_available(methods, unserved, self.adaptive_arms, "no drafter served")
 
     def _flush(self) -> None:
         """Evict the target's one cached sequence with a one-token verification call."""

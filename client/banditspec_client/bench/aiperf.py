@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from banditspec_client.bench.report import markdown_table
+
 METRICS = {  # aiperf metric tag -> (column, unit)
     "time_to_first_token": ("TTFT", "ms"),
     "inter_token_latency": ("ITL", "ms"),
@@ -59,7 +61,7 @@ def server_default_policy(triton_url: str) -> str:
 
 
 def write_prompts(path: Path, workload: str, n: int) -> None:
-    from banditspec_client.workloads import load_workload
+    from banditspec_client.bench.workloads import load_workload
 
     with path.open("w") as f:
         for prompt in load_workload(workload, n):
@@ -127,23 +129,24 @@ def report(results: list[dict], meta: dict) -> str:
         "Load average (1 min) of the machine before/after each run is in the last column: other work shared "
         "the 2 cores, so compare rows of the same concurrency (run back to back), not across machines.",
         "",
-        "| policy | concurrency | requests | errors | TTFT mean | TTFT p50 | TTFT p99 | ITL mean | ITL p50 | ITL p99 "
-        "| latency mean | latency p50 | latency p90 | latency p99 | output tok/s | req/s | load avg |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    rows = []
     for r in results:
         m = r["metrics"]
         def g(tag, k, m=m):
             return (m.get(tag) or {}).get(k)
 
-        lines.append(
-            f"| {r['policy']} | {r['concurrency']} | {_fmt(m.get('request_count'))} | {_fmt(m.get('error_request_count'))} "
-            f"| {_fmt(g('time_to_first_token', 'avg'))} | {_fmt(g('time_to_first_token', 'p50'))} | {_fmt(g('time_to_first_token', 'p99'))} "
-            f"| {_fmt(g('inter_token_latency', 'avg'))} | {_fmt(g('inter_token_latency', 'p50'))} | {_fmt(g('inter_token_latency', 'p99'))} "
-            f"| {_fmt(g('request_latency', 'avg'))} | {_fmt(g('request_latency', 'p50'))} | {_fmt(g('request_latency', 'p90'))} "
-            f"| {_fmt(g('request_latency', 'p99'))} | {_fmt(g('output_token_throughput', 'avg'))} | {_fmt(g('request_throughput', 'avg'))} "
-            f"| {'/'.join(str(x) for x in r.get('load_average_1min', []))} |"
-        )
+        rows.append([
+            r["policy"], r["concurrency"], _fmt(m.get("request_count")), _fmt(m.get("error_request_count")),
+            *(_fmt(g("time_to_first_token", k)) for k in ("avg", "p50", "p99")),
+            *(_fmt(g("inter_token_latency", k)) for k in ("avg", "p50", "p99")),
+            *(_fmt(g("request_latency", k)) for k in ("avg", "p50", "p90", "p99")),
+            _fmt(g("output_token_throughput", "avg")), _fmt(g("request_throughput", "avg")),
+            "/".join(str(x) for x in r.get("load_average_1min", [])),
+        ])
+    header = ["policy", "concurrency", "requests", "errors", "TTFT mean", "TTFT p50", "TTFT p99", "ITL mean", "ITL p50",
+              "ITL p99", "latency mean", "latency p50", "latency p90", "latency p99", "output tok/s", "req/s", "load avg"]
+    lines.append(markdown_table(header, rows, "l" + "r" * 15 + "l"))
     by = {(r["policy"], r["concurrency"]): r["metrics"] for r in results}
     ratios = []
     for c in sorted({r["concurrency"] for r in results}):

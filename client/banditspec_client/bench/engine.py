@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from banditspec_client.bench.report import markdown_table, pyplot, save_png
+
 DEFAULT_KS = "1,2,3,4,5,7,9"
 
 
@@ -167,24 +169,23 @@ def run(args) -> int:
 
 def _table(result: dict, kernel_sets: list[str], ks: list[int]) -> str:
     ms = result["verify_ms"]
-    lines = [
-        f"Verify cost over k new tokens: {result['model']}, {result['cached']} cached tokens, "
-        f"{result['threads']} thread(s), min of {result['reps']} (ratio to k = 1 of the same kernels).",
-        "",
-        "| kernels | " + " | ".join(f"k = {k}" for k in ks)
-        + " | decode tok/s | 5-token verify = 1-token argmax | rows bitwise equal (verify, batch) |",
-        "|---|" + "---|" * (len(ks) + 3),
-    ]
+    rows = []
     for name in kernel_sets:
         base = ms[name][ks[0]]
         cells = [f"{base:.1f} ms (1.00)"] + [f"{ms[name][k]:.1f} ({ms[name][k] / base:.2f})" for k in ks[1:]]
         agree, total = result["block5_agreement"][name]
         impl = result["kernel_impl"][name]
         label = name if impl == name else f"{name} ({impl})"
-        lines.append(
-            f"| {label} | " + " | ".join(cells)
-            + f" | {result['decode_tokens_per_second'][name]:.1f} | {agree}/{total} | {'yes' if result['bitwise_rows'][name] else 'no'} |"
-        )
+        rows.append([label, *cells, f"{result['decode_tokens_per_second'][name]:.1f}", f"{agree}/{total}",
+                     "yes" if result["bitwise_rows"][name] else "no"])
+    header = ["kernels", *(f"k = {k}" for k in ks), "decode tok/s", "5-token verify = 1-token argmax",
+              "rows bitwise equal (verify, batch)"]
+    lines = [
+        f"Verify cost over k new tokens: {result['model']}, {result['cached']} cached tokens, "
+        f"{result['threads']} thread(s), min of {result['reps']} (ratio to k = 1 of the same kernels).",
+        "",
+        markdown_table(header, rows),
+    ]
     if len(kernel_sets) > 1:
         first, other = kernel_sets[0], kernel_sets[1]
         lines += [
@@ -202,12 +203,7 @@ def _write(result: dict, kernel_sets: list[str], ks: list[int], out: Path) -> No
     table = _table(result, kernel_sets, ks)
     (out / "engine_cost.md").write_text(table)
     print(table)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for name in kernel_sets:
         base = result["verify_ms"][name][ks[0]]
         ax.plot(ks, [result["verify_ms"][name][k] / base for k in ks], marker="o", label=f"{name} (k=1: {base:.0f} ms)")
@@ -216,6 +212,4 @@ def _write(result: dict, kernel_sets: list[str], ks: list[int], out: Path) -> No
     ax.set_ylabel("cost / cost of one token")
     ax.set_title(f"{result['model']}: verify cost, {result['threads']} thread(s), {result['cached']} cached")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "engine_cost.png", dpi=110)
-    plt.close(fig)
+    save_png(fig, out / "engine_cost.png")

@@ -21,7 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from banditspec_client.bench.report import text_header, text_row
+
 WORKLOADS = ("code", "chat")
+COLUMNS = ("drafter", "workload", "context", "start ms", "mean us", "p99 us", "draft", "accepted")
+WIDTHS = ("<8", "<8", ">7", ">9.1f", ">9.1f", ">9.1f", ">6.2f", ">8.2f")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     workloads = [w for w in args.workloads.split(",") if w]
     span = max(contexts) + args.steps * (args.max_len + 1)
     past = 4096  # tokens the suffix drafter's global tree learns first
-    print(f"{'drafter':<8} {'workload':<8} {'context':>7} {'start ms':>9} {'mean us':>9} {'p99 us':>9} {'draft':>6} {'accepted':>8}")
+    print(text_header(COLUMNS, WIDTHS))
     for workload in workloads:
         tokens = _tokens(tokenizer, workload, span + past)
         for name in drafter_names:
@@ -98,11 +102,8 @@ def run(args: argparse.Namespace) -> int:
                 drafter.add_output(tokens[span:])
             for context in contexts:
                 r = _measure(drafter, tokens, context, args.steps, args.max_len)
-                print(
-                    f"{name:<8} {workload:<8} {context:>7} {r['start_ms']:>9.1f} {r['mean_us']:>9.1f} "
-                    f"{r['p99_us']:>9.1f} {r['draft_len']:>6.2f} {r['accepted']:>8.2f}",
-                    flush=True,
-                )
+                cells = [name, workload, context, r["start_ms"], r["mean_us"], r["p99_us"], r["draft_len"], r["accepted"]]
+                print(text_row(cells, WIDTHS), flush=True)
     return 0
 
 

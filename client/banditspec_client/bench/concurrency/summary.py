@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from banditspec_client.bench.report import markdown_table, pyplot, save_png
+
 GOAL_OF_BEST = 0.95  # adaptive >= 95% of the best fixed gamma
 GOAL_OF_VANILLA = 0.95  # adaptive >= 95% of gamma = 0
 
@@ -57,31 +59,14 @@ def markdown(report: dict) -> str:
     summaries = summarize(report)
     settings = sorted({row["setting"] for row in report["rows"]}, key=lambda s: (s == "adaptive", s))
     cells = {(row["concurrency"], row["setting"]): row for row in report["rows"]}
-    lines = [
-        "# Concurrency sweep: fixed speculation length vs. the server-wide controller",
-        "",
-        f"Command: `{report['command']}`  ",
-        f"Started {report['started']}, finished {report.get('finished', '(incomplete)')}; "
-        f"machine: {report['machine']['platform']}, {report['machine']['cpus']} CPUs.",
-        "",
-        "## Total throughput (generated tokens/s, server-side counter over the measured window)",
-        "",
-        "| streams | " + " | ".join(settings) + " | best fixed | adaptive / best | adaptive / gamma=0 | goal |",
-        "|---:|" + "---:|" * len(settings) + "---|---:|---:|:---:|",
-    ]
+    throughput = []
     for s in summaries:
         row = [f"{cells[(s.concurrency, name)]['tokens_per_second']:.1f}" if (s.concurrency, name) in cells else "" for name in settings]
         ratio_best = f"{s.adaptive / s.best:.3f}" if s.adaptive is not None and s.best > 0 else ""
         ratio_vanilla = f"{s.adaptive / s.vanilla:.3f}" if s.adaptive is not None and s.vanilla > 0 else ""
         goal = {True: "met", False: "missed", None: ""}[s.meets_goal]
-        lines.append(f"| {s.concurrency} | " + " | ".join(row) + f" | {s.best_label} | {ratio_best} | {ratio_vanilla} | {goal} |")
-    lines += [
-        "",
-        "## Latency: seconds per generated token (all completed requests), full-request mean latency in s (requests), mean draft tokens per step",
-        "",
-        "| streams | " + " | ".join(settings) + " |",
-        "|---:|" + "---:|" * len(settings),
-    ]
+        throughput.append([s.concurrency, *row, s.best_label, ratio_best, ratio_vanilla, goal])
+    latency = []
     for s in summaries:
         row = []
         for name in settings:
@@ -92,8 +77,22 @@ def markdown(report: dict) -> str:
             lat = cell["latency"]
             full = f"{lat['mean_s']:.1f} s ({lat['requests']})" if lat.get("requests") else "-"
             row.append(f"{lat['mean_s_per_token']:.3f}; {full}; {cell['mean_drafted_per_step']:.2f}")
-        lines.append(f"| {s.concurrency} | " + " | ".join(row) + " |")
-    lines += [
+        latency.append([s.concurrency, *row])
+    lines = [
+        "# Concurrency sweep: fixed speculation length vs. the server-wide controller",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Started {report['started']}, finished {report.get('finished', '(incomplete)')}; "
+        f"machine: {report['machine']['platform']}, {report['machine']['cpus']} CPUs.",
+        "",
+        "## Total throughput (generated tokens/s, server-side counter over the measured window)",
+        "",
+        markdown_table(["streams", *settings, "best fixed", "adaptive / best", "adaptive / gamma=0", "goal"], throughput,
+                       "r" * (len(settings) + 1) + "lrrc"),
+        "",
+        "## Latency: seconds per generated token (all completed requests), full-request mean latency in s (requests), mean draft tokens per step",
+        "",
+        markdown_table(["streams", *settings], latency, "r" * (len(settings) + 1)),
         "",
         "Mean target batch (sequences per verify call) per setting: "
         + "; ".join(f"{row['concurrency']}/{row['setting']}: {row['mean_batch']:.2f}" for row in report["rows"] if row["setting"] in ("gamma=0", "adaptive")),
@@ -103,11 +102,7 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     summaries = summarize(report)
     levels = [s.concurrency for s in summaries]
     x = list(range(len(levels)))
@@ -139,9 +134,7 @@ def plot(report: dict, path: Path) -> None:
     right.set_yscale("log")
     right.legend(fontsize=7)
     fig.suptitle("SmolLM2-135M on CPU behind Triton: fixed gamma vs. throughput-driven controller", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 def write_report(report: dict, json_path: Path) -> list[Path]:

@@ -3,7 +3,7 @@
 For each prompt every method runs once, in an order rotated by the prompt's index, so that
 machine drift (other load on a shared CPU) hits all methods alike. Writes to ``--out``:
 ``results.json`` (setup, per-run records, summaries), ``results.md`` (tables, targets,
-per-prompt oracle) and PNG plots (see :mod:`banditspec_client.bench_plots`).
+per-prompt oracle) and PNG plots (see :mod:`banditspec_client.bench.compare.plots`).
 
 In process (default): the torch reference engine in this process; through Triton
 (``--through-triton``): a real tritonserver started for the run, requests over gRPC.
@@ -21,10 +21,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from banditspec_client.bench_methods import DEFAULT_METHODS, FIXED_DRAFTERS, Method, RunRecord, parse_methods, rotated
 from banditspec.errors import BanditSpecValidationError
-from banditspec_client.bench_report import markdown_report, summarize, summary_dict
-from banditspec_client.workloads import Prompt, load_workload, parse_workloads
+from banditspec_client.bench.compare.summary import markdown_report, summarize, summary_dict
+from banditspec_client.bench.methods import DEFAULT_METHODS, FIXED_DRAFTERS, Method, RunRecord, parse_methods
+from banditspec_client.bench.runner import Runner, RunSettings, run_interleaved
+from banditspec_client.bench.workloads import Prompt, load_workload, parse_workloads
 
 QUICK = {"workload": "mixed", "prompts": 3, "max_tokens": 48}
 FULL = {"workload": "all", "prompts": 4, "max_tokens": 96}
@@ -69,18 +70,6 @@ def resolve(args: argparse.Namespace) -> tuple[list[str], int, int]:
     return workloads, prompts, max_tokens
 
 
-def run_interleaved(runner, prompts: list[Prompt], methods: list[Method], max_tokens: int, progress=None) -> list[RunRecord]:
-    """Every method on every prompt, the method order rotated per prompt."""
-    records = []
-    for index, prompt in enumerate(prompts):
-        for method in rotated(methods, index):
-            records.append(runner.run(prompt, method, max_tokens))
-            if progress is not None:
-                progress.set_postfix_str(f"{prompt.workload} {prompt.prompt_id} {method.name}", refresh=False)
-                progress.update(1)
-    return records
-
-
 def _progress(total: int, disabled: bool):
     from tqdm import tqdm
 
@@ -95,20 +84,20 @@ def needed_drafters(methods: list[Method], adaptive_drafters: list[str]) -> list
     return [d for d in FIXED_DRAFTERS if d in names]
 
 
-def _make_runner(args: argparse.Namespace, methods: list[Method], out: Path):
-    adaptive_drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+def _make_runner(args: argparse.Namespace, methods: list[Method], out: Path) -> Runner:
+    adaptive_drafters = tuple(d.strip() for d in args.drafters.split(",") if d.strip())
     unknown = sorted(set(adaptive_drafters) - set(FIXED_DRAFTERS))
     if unknown:
         raise BanditSpecValidationError("drafters", f"unknown drafter(s) {unknown}; choose from {FIXED_DRAFTERS}")
+    settings = RunSettings(model=args.model, max_draft_len=args.max_draft_len, seed=args.seed, threads=args.threads,
+                           adaptive_drafters=adaptive_drafters)
     if args.through_triton:
-        from banditspec_client.bench_triton import TritonRunner
+        from banditspec_client.bench.through_triton import TritonRunner
 
-        return TritonRunner(methods, args.model, max_draft_len=args.max_draft_len, seed=args.seed, threads=args.threads,
-                            adaptive_drafters=adaptive_drafters, log_path=out / "tritonserver.log").__enter__()
-    from banditspec_client.bench_local import InProcessRunner
+        return TritonRunner(settings, methods, log_path=out / "tritonserver.log").__enter__()
+    from banditspec_client.bench.in_process import InProcessRunner
 
-    return InProcessRunner(args.model, max_draft_len=args.max_draft_len, seed=args.seed,
-                           drafters=needed_drafters(methods, adaptive_drafters), adaptive_drafters=adaptive_drafters)
+    return InProcessRunner(settings, drafters=needed_drafters(methods, list(adaptive_drafters)))
 
 
 def command_line(argv: list[str]) -> str:
@@ -117,7 +106,7 @@ def command_line(argv: list[str]) -> str:
     return " ".join([program, *(shlex.quote(a) for a in argv[1:])])
 
 
-def measure(runner, methods: list[Method], prompt_lists: dict[str, list[Prompt]], max_tokens: int,
+def measure(runner: Runner, methods: list[Method], prompt_lists: dict[str, list[Prompt]], max_tokens: int,
             quiet: bool) -> tuple[list[Method], dict[str, str], list[RunRecord]]:
     """(methods run, {skipped method: reason}, records): a warm-up per method, then every
     workload's prompts with all methods interleaved."""
@@ -136,7 +125,7 @@ def measure(runner, methods: list[Method], prompt_lists: dict[str, list[Prompt]]
 def write_results(out: Path, *, command: str, setup: dict, usable: list[Method], skipped: dict[str, str],
                   records: list[RunRecord], plot_prompts: int) -> list[Path]:
     """results.md, results.json and the PNG plots into ``out``; returns their paths."""
-    from banditspec_client.bench_plots import write_plots
+    from banditspec_client.bench.compare.plots import write_plots
 
     names = [m.name for m in usable]
     summaries = summarize(records, names)
@@ -177,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or _default_out()
     out.mkdir(parents=True, exist_ok=True)
     if args.prompts_file is not None:
-        from banditspec_client.workloads import load_prompts_file
+        from banditspec_client.bench.workloads import load_prompts_file
 
         prompt_lists: dict = {}
         for prompt in load_prompts_file(args.prompts_file):

@@ -15,27 +15,25 @@ import logging
 import time
 from typing import Sequence
 
-from banditspec_client.bench_methods import FIXED_DRAFTERS, Method, RunRecord, digest
-from banditspec_client.workloads import Prompt
+from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
+from banditspec_client.bench.runner import RunSettings, split_available
+from banditspec_client.bench.workloads import Prompt
 
 log = logging.getLogger(__name__)
 
 
 class InProcessRunner:
-    """Runs (prompt, method) pairs on one shared :class:`ReferenceEngine`."""
+    """A :class:`~banditspec_client.bench.runner.Runner` on one shared :class:`ReferenceEngine`;
+    ``drafters``: the drafters to build (those the compared methods need)."""
 
     label = "in-process"
 
-    def __init__(self, model: str = "smollm2", *, max_draft_len: int = 4, seed: int = 0,
-                 drafters: Sequence[str] = FIXED_DRAFTERS, adaptive_drafters: Sequence[str] = FIXED_DRAFTERS,
+    def __init__(self, settings: RunSettings = RunSettings(), *, drafters: Sequence[str] = FIXED_DRAFTERS,
                  max_context: int = 2048):
         from banditspec.engine.reference import ReferenceEngine
 
-        self.model = model
-        self.max_draft_len = max_draft_len
-        self.seed = seed
-        self.adaptive_drafters = list(adaptive_drafters)
-        self.engine = ReferenceEngine.from_name(model, max_context=max_context)
+        self.settings = settings
+        self.engine = ReferenceEngine.from_name(settings.model, max_context=max_context)
         self.tokenizer = self.engine.tokenizer
         self.shared_drafters: dict = {}
         self.unavailable: dict[str, str] = {}  # drafter -> why it is not served
@@ -58,20 +56,17 @@ class InProcessRunner:
     @property
     def adaptive_arms(self) -> list[str]:
         """The adaptive methods' arm set: the wanted drafters that could be built."""
-        return [d for d in FIXED_DRAFTERS if d in self.shared_drafters and d in self.adaptive_drafters]
+        return [d for d in FIXED_DRAFTERS if d in self.shared_drafters and d in self.settings.adaptive_drafters]
 
     def available(self, methods: Sequence[Method]) -> tuple[list[Method], dict[str, str]]:
         """(methods this stack can run, {skipped method: reason})."""
-        usable, skipped = [], {}
-        for method in methods:
-            if method.fixed_arm and method.drafter not in self.shared_drafters:
-                why = self.unavailable.get(method.drafter, "not built")
-                skipped[method.name] = f"drafter {method.drafter!r} unavailable: {why}"
-            elif method.adaptive and not self.adaptive_arms:
-                skipped[method.name] = "no drafter available"
-            else:
-                usable.append(method)
-        return usable, skipped
+
+        def unserved(drafter: str) -> str | None:
+            if drafter in self.shared_drafters:
+                return None
+            return f"drafter {drafter!r} unavailable: {self.unavailable.get(drafter, 'not built')}"
+
+        return split_available(methods, unserved, self.adaptive_arms, "no drafter available")
 
     def _decoder(self, method: Method):
         from banditspec.decoding import SpeculativeDecoder
@@ -99,8 +94,8 @@ class InProcessRunner:
             max_tokens=max_tokens,
             policy=method.policy,
             arms=self.adaptive_arms if method.adaptive else None,
-            max_draft_len=self.max_draft_len,
-            seed=self.seed,
+            max_draft_len=self.settings.max_draft_len,
+            seed=self.settings.seed,
             reward=method.reward,
         )
         self.engine.clear()

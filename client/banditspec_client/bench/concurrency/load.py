@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
+from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.triton_client import GenerationOptions
 
 OUTPUT_TOKENS = "nv_banditspec_target_output_tokens"
@@ -28,29 +27,6 @@ VERIFIED_SEQUENCES = "nv_banditspec_target_verified_sequences"
 VERIFY_BATCHES = "nv_banditspec_target_verify_batches"
 REQUESTS = "nv_banditspec_requests"  # by model and outcome: one count per finished request
 EVICTIONS = "nv_banditspec_target_kv_cache_evictions"
-
-
-def scrape(metrics_url: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """Sum of the samples of metric ``name`` (matching ``labels``) at ``http://metrics_url/metrics``;
-    0 when there is none."""
-    return scrape_optional(metrics_url, name, labels) or 0.0
-
-
-def scrape_optional(metrics_url: str, name: str, labels: dict[str, str] | None = None) -> float | None:
-    """Like :func:`scrape`, but None when the server exports no sample of ``name``."""
-    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    total, found_any = 0.0, False
-    for line in text.splitlines():
-        match = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})?\s+(\S+)$", line)
-        if not match:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
-        if labels and any(found.get(k) != v for k, v in labels.items()):
-            continue
-        total += float(match.group(2))
-        found_any = True
-    return total if found_any else None
 
 
 @dataclass
@@ -172,13 +148,18 @@ def _stream_worker(
             client.close()
 
 
-def wait_idle(metrics_url: str, model_name: str, expected: float, timeout: float = 300.0) -> bool:
+def finished_requests(metrics_port: int, model_name: str) -> float:
+    """Requests ``model_name`` has finished so far (any outcome)."""
+    return metric_total(scrape_metrics(metrics_port), REQUESTS, model=model_name)
+
+
+def wait_idle(metrics_port: int, model_name: str, expected: float, timeout: float = 300.0) -> bool:
     """Until ``model_name`` has finished ``expected`` requests in all (any outcome: a cancelled
     request counts once the server has noticed and stopped it); False after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if scrape(metrics_url, REQUESTS, {"model": model_name}) >= expected:
+            if finished_requests(metrics_port, model_name) >= expected:
                 return True
         except OSError:
             pass
@@ -189,7 +170,7 @@ def wait_idle(metrics_url: str, model_name: str, expected: float, timeout: float
 def run_closed_loop(
     *,
     grpc_url: str,
-    metrics_url: str,
+    metrics_port: int,
     model_name: str,
     prompts: Sequence[str],
     concurrency: int,
@@ -201,7 +182,7 @@ def run_closed_loop(
     over the last ``measure_s`` seconds."""
     result = LoadResult(concurrency, 0.0, 0.0)
     lock = threading.Lock()
-    finished_before = scrape(metrics_url, REQUESTS, {"model": model_name})
+    finished_before = finished_requests(metrics_port, model_name)
     begin = time.monotonic()
     stop_at = begin + warmup_s + measure_s
     threads = [
@@ -215,17 +196,18 @@ def run_closed_loop(
     for thread in threads:
         thread.start()
     time.sleep(max(0.0, begin + warmup_s - time.monotonic()))
-    t0, tokens0 = time.monotonic(), scrape(metrics_url, OUTPUT_TOKENS)
-    batches0, sequences0 = scrape(metrics_url, VERIFY_BATCHES), scrape(metrics_url, VERIFIED_SEQUENCES)
-    evictions0 = scrape(metrics_url, EVICTIONS)
+    t0, before = time.monotonic(), scrape_metrics(metrics_port)
     time.sleep(max(0.0, stop_at - time.monotonic()))
-    t1, tokens1 = time.monotonic(), scrape(metrics_url, OUTPUT_TOKENS)
-    result.batches = scrape(metrics_url, VERIFY_BATCHES) - batches0
-    result.sequences = scrape(metrics_url, VERIFIED_SEQUENCES) - sequences0
-    result.evictions = scrape(metrics_url, EVICTIONS) - evictions0
-    result.window_seconds, result.window_tokens = t1 - t0, tokens1 - tokens0
+    t1, after = time.monotonic(), scrape_metrics(metrics_port)
+
+    def delta(name: str) -> float:
+        return metric_total(after, name) - metric_total(before, name)
+
+    result.batches, result.sequences = delta(VERIFY_BATCHES), delta(VERIFIED_SEQUENCES)
+    result.evictions = delta(EVICTIONS)
+    result.window_seconds, result.window_tokens = t1 - t0, delta(OUTPUT_TOKENS)
     for thread in threads:
         thread.join(timeout=30)
-    if not wait_idle(metrics_url, model_name, finished_before + result.sent):
+    if not wait_idle(metrics_port, model_name, finished_before + result.sent):
         result.errors.append("the server had not finished every request 300 s after the run")
     return result

@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-adaptive", action="store_true", help="fixed settings only")
     parser.add_argument("--drafter", default="pld", help="the one drafter every setting uses")
     parser.add_argument("--max-draft-len", type=int, default=4, help="L: the adaptive controller's largest gamma")
-    parser.add_argument("--workload", default="code-edit", help="prompt set (banditspec_client.workloads)")
+    parser.add_argument("--workload", default="code-edit", help="prompt set (banditspec_client.bench.workloads)")
     parser.add_argument("--prompts", type=int, default=64, help="distinct prompts, cycled by the streams")
     parser.add_argument("--max-prompt-chars", type=int, default=650,
                         help="keep prompts up to this long (short prompts keep prefill from dominating)")
@@ -112,10 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from banditspec.paths import cache_dir
-    from banditspec_client.bench_concurrency_load import run_closed_loop
-    from banditspec_client.bench_concurrency_report import write_report
+    from banditspec_client.bench.concurrency.load import run_closed_loop
+    from banditspec_client.bench.concurrency.summary import write_report
     from banditspec_client.serve import TritonServer, free_port
-    from banditspec_client.workloads import load_workload
+    from banditspec_client.bench.workloads import load_workload
 
     levels, gammas = _ints(args.concurrency), _ints(args.gammas)
     if not levels or min(levels) < 1 or any(g < 0 or g > args.max_draft_len for g in gammas) or 0 not in gammas:
@@ -154,17 +154,16 @@ def run(args) -> int:
     print(f"starting tritonserver ({args.model}) ...", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # leave through `with server`: no orphaned server
     with server:
-        metrics_url = f"localhost:{server.metrics_port}"
         for setting in settings:  # load the models' code paths once before measuring
             opts = GenerationOptions(max_tokens=8, policy=setting.policy, max_draft_len=args.max_draft_len)
-            run_closed_loop(grpc_url=server.grpc_url, metrics_url=metrics_url, model_name=setting.model_name,
+            run_closed_loop(grpc_url=server.grpc_url, metrics_port=server.metrics_port, model_name=setting.model_name,
                             prompts=prompts[:1], concurrency=1, opts=opts, warmup_s=0.0, measure_s=2.0)
         prefill_prompts(server.grpc_url, prompts)
         for level in levels:
             for setting in settings:
                 opts = GenerationOptions(max_tokens=args.max_tokens, policy=setting.policy, max_draft_len=args.max_draft_len)
                 result = run_closed_loop(
-                    grpc_url=server.grpc_url, metrics_url=metrics_url, model_name=setting.model_name, prompts=prompts,
+                    grpc_url=server.grpc_url, metrics_port=server.metrics_port, model_name=setting.model_name, prompts=prompts,
                     concurrency=level, opts=opts, warmup_s=args.warmup_s + args.warmup_per_stream_s * level,
                     measure_s=args.measure_s,
                 )

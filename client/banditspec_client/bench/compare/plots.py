@@ -1,4 +1,4 @@
-"""PNG plots of a benchmark (matplotlib, Agg backend: no display needed).
+"""PNG plots of ``banditspec bench`` (drawn with :mod:`banditspec_client.bench.report`).
 
 * ``tokens_per_second.png``: tokens/s per method, grouped by workload (bars); a second
   panel in tokens per CPU-second when CPU times were measured;
@@ -13,17 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from banditspec_client.bench_methods import VANILLA, RunRecord
-from banditspec_client.bench_report import WorkloadSummary, by_prompt, is_adaptive
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from banditspec_client.bench.methods import VANILLA, RunRecord
+from banditspec_client.bench.compare.summary import WorkloadSummary, by_prompt, is_adaptive
+from banditspec_client.bench.report import pyplot, save_png
 
 
 def _bars(ax, summaries: Sequence[WorkloadSummary], methods: list[str], ylabel: str) -> None:
@@ -44,7 +36,7 @@ def _bars(ax, summaries: Sequence[WorkloadSummary], methods: list[str], ylabel: 
 def plot_tokens_per_second(summaries: Sequence[WorkloadSummary], path: Path,
                            cpu_summaries: Sequence[WorkloadSummary] | None = None) -> Path:
     """Bars per workload and method; a second panel by CPU time when ``cpu_summaries``."""
-    plt = _pyplot()
+    plt = pyplot()
     methods = list(dict.fromkeys(m.method for s in summaries for m in s.methods))
     panels = [(summaries, "tokens / s (wall clock)")]
     if cpu_summaries:
@@ -55,14 +47,11 @@ def plot_tokens_per_second(summaries: Sequence[WorkloadSummary], path: Path,
         _bars(ax, panel, methods, label)
     axes[0][0].set_title("Decoding speed per method and workload")
     axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def plot_speedup_sorted(summaries: Sequence[WorkloadSummary], records: Sequence[RunRecord], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(summaries), figsize=(4.2 * len(summaries), 3.6), squeeze=False)
@@ -86,16 +75,13 @@ def plot_speedup_sorted(summaries: Sequence[WorkloadSummary], records: Sequence[
         ax.set_ylabel("speedup over vanilla")
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def plot_arms_per_step(records: Sequence[RunRecord], path: Path, *, prompts_shown: int = 3) -> Path:
     """Up to ``prompts_shown`` prompts (the first of each kind first), one row per
     (prompt, adaptive method)."""
-    plt = _pyplot()
+    plt = pyplot()
     adaptive = [r for r in records if is_adaptive(r.method) and r.arms]
     chosen: list[str] = []
     for kind in dict.fromkeys(r.kind for r in adaptive):
@@ -117,10 +103,7 @@ def plot_arms_per_step(records: Sequence[RunRecord], path: Path, *, prompts_show
         ax.set_ylim(-0.5, len(arm_names) - 0.5)
         ax.set_title(f"{r.method} on {r.prompt_id} ({r.kind}), MAT {r.mean_accepted_tokens:.2f}", fontsize="small")
     axes[-1, 0].set_xlabel("step (marker size and colour = accepted draft tokens)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def write_plots(summaries: Sequence[WorkloadSummary], records: Sequence[RunRecord], out_dir: Path,

@@ -21,7 +21,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from banditspec_client.bench_methods import ADAPTIVE_POLICIES, FIXED_DRAFTERS, VANILLA, RunRecord
+from banditspec_client.bench.methods import ADAPTIVE_POLICIES, FIXED_DRAFTERS, VANILLA, RunRecord
+from banditspec_client.bench.report import MISSING, fmt
+from banditspec_client.bench.report import markdown_table as table
 
 
 def is_fixed_arm(method: str) -> bool:
@@ -174,28 +176,24 @@ def target_checks(summaries: Sequence[WorkloadSummary],
 
 
 # -- Markdown --------------------------------------------------------------------------
-def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
-    return "–" if value is None else pattern.format(value)
-
-
 def _rate_label(clock: str) -> str:
     return "tokens/s" if clock == "wall" else "tokens/CPU-s"
 
 
 def markdown_table(summary: WorkloadSummary) -> str:
-    lines = [
-        f"| method | MAT | {_rate_label(summary.clock)} | speedup | mean prompt speedup | vs best fixed | vs oracle "
-        "| prompts won |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    header = ["method", "MAT", _rate_label(summary.clock), "speedup", "mean prompt speedup", "vs best fixed",
+              "vs oracle", "prompts won"]
+    rows = [
+        [m.method, f"{m.mean_accepted_tokens:.2f}", f"{m.tokens_per_second:.1f}", fmt(m.speedup, "{:.2f}x"),
+         fmt(m.mean_prompt_speedup, "{:.2f}x"), fmt(m.vs_best_fixed, "{:.0%}"), fmt(m.vs_oracle, "{:.0%}"),
+         m.prompts_won]
+        for m in summary.methods
     ]
-    for m in summary.methods:
-        lines.append(
-            f"| {m.method} | {m.mean_accepted_tokens:.2f} | {m.tokens_per_second:.1f} | {_fmt(m.speedup, '{:.2f}x')} | "
-            f"{_fmt(m.mean_prompt_speedup, '{:.2f}x')} | {_fmt(m.vs_best_fixed, '{:.0%}')} | "
-            f"{_fmt(m.vs_oracle, '{:.0%}')} | {m.prompts_won} |"
-        )
     if summary.oracle_tokens_per_second is not None:
-        lines.append(f"| *oracle: best fixed arm per prompt* | | {summary.oracle_tokens_per_second:.1f} | | | | 100% | |")
+        rows.append(["*oracle: best fixed arm per prompt*", "", f"{summary.oracle_tokens_per_second:.1f}", "", "", "",
+                     "100%", ""])
+    lines = [table(header, rows, "lrrrrrrr")]
+    if summary.oracle_tokens_per_second is not None:
         picks = ", ".join(f"{k} on {v}" for k, v in summary.oracle_choices.items())
         lines += ["", f"Oracle's arm per prompt: {picks}."]
     return "\n".join(lines)
@@ -207,9 +205,9 @@ def per_prompt_table(summary: WorkloadSummary, records: Sequence[RunRecord]) -> 
     runs_by_prompt = by_prompt(r for r in records if r.workload == summary.workload)
     adaptive = [m.method for m in summary.methods if is_adaptive(m.method)]
     unit = _rate_label(clock)
-    lines = [f"| prompt | kind | tokens | vanilla {unit} | oracle arm | oracle {unit} | "
-             + " | ".join(f"{m} (% of oracle)" for m in adaptive) + " |",
-             "|---|---|---:|---:|---|---:|" + "---:|" * len(adaptive)]
+    header = ["prompt", "kind", "tokens", f"vanilla {unit}", "oracle arm", f"oracle {unit}",
+              *(f"{m} (% of oracle)" for m in adaptive)]
+    rows = []
     for pid in summary.prompt_ids:
         runs = runs_by_prompt[pid]
         best = oracle_per_prompt({m.method: runs[m.method] for m in summary.methods}, clock)
@@ -217,10 +215,10 @@ def per_prompt_table(summary: WorkloadSummary, records: Sequence[RunRecord]) -> 
             continue
         oracle = run_rate(runs[best], clock)
         any_run = next(iter(runs.values()))
-        vanilla = f"{run_rate(runs[VANILLA], clock):.1f}" if VANILLA in runs else "–"
-        shares = " | ".join(f"{run_rate(runs[m], clock) / oracle:.0%}" if oracle > 0 else "–" for m in adaptive)
-        lines.append(f"| {pid} | {any_run.kind} | {any_run.generated_tokens} | {vanilla} | {best} | {oracle:.1f} | {shares} |")
-    return "\n".join(lines)
+        vanilla = f"{run_rate(runs[VANILLA], clock):.1f}" if VANILLA in runs else MISSING
+        shares = [f"{run_rate(runs[m], clock) / oracle:.0%}" if oracle > 0 else MISSING for m in adaptive]
+        rows.append([pid, any_run.kind, any_run.generated_tokens, vanilla, best, f"{oracle:.1f}", *shares])
+    return table(header, rows, "llrrlr" + "r" * len(adaptive))
 
 
 def targets_table(summaries: Sequence[WorkloadSummary]) -> list[str]:
@@ -228,9 +226,8 @@ def targets_table(summaries: Sequence[WorkloadSummary]) -> list[str]:
     checks = [c for policy in adaptive for c in target_checks(summaries, policy)]
     if not checks:
         return []
-    lines = [f"| target ({_rate_label(summaries[0].clock)}) | measured | met |", "|---|---:|---|"]
-    lines += [f"| {t} | {_fmt(v, '{:.1%}')} | {'–' if ok is None else ('yes' if ok else 'NO')} |" for t, v, ok in checks]
-    return lines + [""]
+    rows = [[t, fmt(v, "{:.1%}"), MISSING if ok is None else ("yes" if ok else "NO")] for t, v, ok in checks]
+    return [table([f"target ({_rate_label(summaries[0].clock)})", "measured", "met"], rows, "lrl"), ""]
 
 
 def markdown_report(summaries: Sequence[WorkloadSummary], *, title: str, command: str, setup: dict,
@@ -245,7 +242,7 @@ def markdown_report(summaries: Sequence[WorkloadSummary], *, title: str, command
     parts.append("")
     cpu_by_workload = {s.workload: s for s in cpu_summaries or ()}
     for s in summaries:
-        parts += [f"## {s.workload} ({len(s.prompt_ids)} prompts, best fixed arm: {s.best_fixed or '–'})", "",
+        parts += [f"## {s.workload} ({len(s.prompt_ids)} prompts, best fixed arm: {s.best_fixed or MISSING})", "",
                   markdown_table(s), ""]
         if s.lossless_mismatches:
             shown = ", ".join(f"{m} on {p}" for p, m in s.lossless_mismatches[:5])
@@ -254,7 +251,7 @@ def markdown_report(summaries: Sequence[WorkloadSummary], *, title: str, command
             parts += ["Lossless: every method's output equals vanilla's on every prompt.", ""]
         cpu = cpu_by_workload.get(s.workload)
         if cpu is not None:
-            parts += [f"By CPU time (best fixed arm: {cpu.best_fixed or '–'}):", "", markdown_table(cpu), ""]
+            parts += [f"By CPU time (best fixed arm: {cpu.best_fixed or MISSING}):", "", markdown_table(cpu), ""]
         if records is not None:
             parts += ["<details><summary>per prompt</summary>", "", per_prompt_table(s, records), ""]
             if cpu is not None:

@@ -11,8 +11,10 @@ import argparse
 import statistics
 import sys
 
-from banditspec_client.bench_methods import parse_methods
-from banditspec_client.workloads import load_workload
+from banditspec_client.bench.methods import parse_methods
+from banditspec_client.bench.report import text_header, text_row
+from banditspec_client.bench.runner import RunSettings
+from banditspec_client.bench.workloads import load_workload
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,16 +29,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import torch
 
-    from banditspec_client.bench_local import InProcessRunner
-    from banditspec_client.bench_triton import TritonRunner
+    from banditspec_client.bench.in_process import InProcessRunner
+    from banditspec_client.bench.through_triton import TritonRunner
 
     torch.set_num_threads(args.threads)
     methods = parse_methods(args.methods)
     prompts = load_workload(args.workload, args.prompts)
-    local = InProcessRunner(args.model)
+    settings = RunSettings(model=args.model, threads=args.threads)
+    local = InProcessRunner(settings)
     rates: dict[str, dict[str, list[float]]] = {m.name: {"in-process": [], "triton": []} for m in methods}
     same = True
-    with TritonRunner(methods, args.model, threads=args.threads) as remote:
+    with TritonRunner(settings, methods) as remote:
         for i, prompt in enumerate(prompts):
             for method in methods:
                 runners = (local, remote) if i % 2 == 0 else (remote, local)
@@ -45,9 +48,10 @@ def run(args) -> int:
                     rates[method.name][label].append(record.tokens_per_second)
                 same &= records["in-process"].generated_tokens == records["triton"].generated_tokens
     local.close()
-    print(f"{'method':12} {'in-process tok/s':>17} {'Triton tok/s':>13} {'Triton / in-process':>20}")
+    widths = ("<12", ">17.2f", ">13.2f", ">20.3f")
+    print(text_header(("method", "in-process tok/s", "Triton tok/s", "Triton / in-process"), widths))
     for name, by in rates.items():
         a, b = statistics.mean(by["in-process"]), statistics.mean(by["triton"])
-        print(f"{name:12} {a:>17.2f} {b:>13.2f} {b / a:>20.3f}")
+        print(text_row((name, a, b, b / a), widths))
     print("same token counts on both paths" if same else "TOKEN COUNTS DIFFER between the paths", file=sys.stderr)
     return 0 if same else 1
