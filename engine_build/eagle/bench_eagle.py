@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from banditspec.drafters.eagle import DEFAULT_WEIGHTS, load_default_eagle_drafter
-from banditspec.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs
+from banditspec.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs, target_features
+from banditspec.text import prompt_ids
 from banditspec.paths import REPO_ROOT
 
 
@@ -73,12 +74,9 @@ def main() -> int:
         covered, generated, mismatches = 0, 0, 0
         started = time.time()
         for index, text in enumerate(prompts):
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                   tokenize=False, add_generation_prompt=True)
-            ids = tokenizer(prompt, add_special_tokens=False).input_ids
+            ids = prompt_ids(tokenizer, text, chat=True)  # as the server builds it
             plain = greedy_speculative(model, drafter, ids, 0, args.max_new_tokens, eos).output_ids
-            with torch.inference_mode():
-                hidden = model.model(input_ids=torch.tensor([ids + plain])).last_hidden_state[0].numpy()
+            hidden = target_features(model, ids + plain, drafter)
             for g in args.gammas:
                 stats = simulate_acceptance(drafter, ids, plain, hidden, g)
                 per_gamma[g].extend(stats.accepted)
@@ -98,9 +96,7 @@ def main() -> int:
             "seconds": round(time.time() - started, 1),
         }
         print(workload, json.dumps(report["workloads"][workload]), flush=True)
-    probe = tokenizer.apply_chat_template([{"role": "user", "content": chat_prompts(1)[0]}],
-                                          tokenize=False, add_generation_prompt=True)
-    costs = step_costs(model, drafter, tokenizer(probe, add_special_tokens=False).input_ids)
+    costs = step_costs(model, drafter, prompt_ids(tokenizer, chat_prompts(1)[0], chat=True))
     report["step_costs"] = {k: round(v, 5) for k, v in costs.items()}
     report["threads"] = args.threads
     print("costs", json.dumps(report["step_costs"]))

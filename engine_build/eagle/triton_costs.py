@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from banditspec.paths import REPO_ROOT, cache_dir
 from banditspec_client.serve import TritonServer, free_port
-from banditspec_client.soak import metric_total, scrape_metrics
+from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,6 +42,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--max-draft-len", type=int, default=4)
+    parser.add_argument("--eagle-head", default="", choices=("", "eagle1", "eagle3"),
+                        help="the shipped head served (both models' eagle_head parameter)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "eagle" / "triton_costs.json")
     args = parser.parse_args()
     prompts = chat_prompts(args.prompts)
@@ -50,7 +52,9 @@ def main() -> int:
     mismatches = 0
     log = cache_dir() / "eagle-triton-costs.log"
     with TritonServer(model="smollm2", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                      log_path=log, overrides={"target": {"torch_threads": "1"}}) as server:
+                      log_path=log, overrides={"target": {"torch_threads": "1"},
+                                               "eagle": {"eagle_head": args.eagle_head},
+                                               "banditspec": {"eagle_head": args.eagle_head}}) as server:
         for policy in POLICIES:  # warm-up: first calls load lazily
             generate_grpc(server.grpc_url, "Hello!", GenerationOptions(max_tokens=8, policy=policy))
         for i, prompt in enumerate(tqdm(prompts, desc="prompts", unit="prompt")):
@@ -71,7 +75,8 @@ def main() -> int:
                     row[f"{model}_us"] += after[model][COUNTERS[1]] - before[model][COUNTERS[1]]
                 texts[policy] = result.text
             mismatches += len(set(texts.values())) != 1
-    report = {"prompts": len(prompts), "max_tokens": args.max_tokens, "max_draft_len": args.max_draft_len,
+    report = {"eagle_head": args.eagle_head or "default", "prompts": len(prompts), "max_tokens": args.max_tokens,
+              "max_draft_len": args.max_draft_len,
               "output_mismatches": mismatches, "policies": {}}
     for policy, row in per_policy.items():
         report["policies"][policy] = {

@@ -2,7 +2,7 @@
 
 For held-out chat and code prompts the target decodes greedily once; the speculative loop at
 gamma = L is then replayed (as in bench_eagle.py) for each threshold, counting accepted and
-proposed tokens per step. The cost of a step is measured on the target itself: one forward
+proposed tokens per step. The cost of a step is measured on the serving engine: one verify
 of 1 + d tokens over a cached prompt (d = 0..L drafts, interleaved, median), plus the head's
 cost per draft step. Predicted tokens/s = tokens / sum over steps of (verify(d) + draft
 steps x draft cost), reported against plain decoding (verify(0) per token).
@@ -24,28 +24,29 @@ import torch
 from tqdm import tqdm
 
 from banditspec.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, load_default_eagle_drafter
-from banditspec.eagle.evaluate import _crop_to, greedy_speculative, simulate_acceptance, step_costs
+from banditspec.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs, target_features
+from banditspec.text import prompt_ids
 from banditspec.paths import REPO_ROOT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_eagle import chat_prompts, code_prompts  # noqa: E402
 
 
-@torch.inference_mode()
-def verify_costs(model, prompt_ids: list[int], max_drafts: int, repeats: int = 15) -> list[float]:
-    """Median seconds of one target forward of 1 + d tokens over the cached prompt, d = 0..max_drafts."""
-    from transformers import DynamicCache
+def verify_costs(model, prompt: list[int], max_drafts: int, repeats: int = 15) -> list[float]:
+    """Median seconds of one verify step of 1 + d tokens over the cached prompt, d = 0..max_drafts,
+    on the serving engine (ReferenceEngine, default kernels; its prefix cache holds the prompt)."""
+    from banditspec.engine.contract import VerifyRequest
+    from banditspec.engine.reference import ReferenceEngine
 
-    cache = DynamicCache()
-    model.model(input_ids=torch.tensor([prompt_ids]), cache=cache, use_cache=True)
+    engine = ReferenceEngine(model, max_context=2048)
+    ids = np.asarray(prompt, dtype=np.int32)
+    engine.verify([VerifyRequest(ids)])
     times: list[list[float]] = [[] for _ in range(max_drafts + 1)]
     for _ in range(repeats):
         for d in range(max_drafts + 1):  # interleaved: drift hits every d alike
             t0 = time.perf_counter()
-            out = model.model(input_ids=torch.tensor([[5] * (d + 1)]), cache=cache, use_cache=True)
-            model.lm_head(out.last_hidden_state[0]).argmax(-1)
+            engine.verify([VerifyRequest(ids, np.full(d, 5, dtype=np.int32))])
             times[d].append(time.perf_counter() - t0)
-            _crop_to(cache, len(prompt_ids))
     return [float(np.median(t)) for t in times]
 
 
@@ -57,6 +58,7 @@ def main() -> int:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--thresholds", default="0,0.1,0.2,0.3,0.4,0.5")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "eagle" / "confidence.json")
     args = parser.parse_args()
     thresholds = [float(x) for x in args.thresholds.split(",")]
@@ -65,7 +67,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model("smollm2")
-    base = load_default_eagle_drafter(model, DEFAULT_WEIGHTS, min_confidence=0.0)
+    base = load_default_eagle_drafter(model, args.weights, min_confidence=0.0)
     drafters = {t: EagleDrafter(base.head, base.embedding, stop_ids=base.stop_ids, min_confidence=t) for t in thresholds}
     eos = tokenizer.eos_token_id
     probe = None
@@ -73,13 +75,10 @@ def main() -> int:
     for workload, prompts in (("chat", chat_prompts(args.chat)), ("code", code_prompts(args.code))):
         steps[workload] = {t: [] for t in thresholds}
         for text in tqdm(prompts, desc=workload, unit="prompt"):
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                   tokenize=False, add_generation_prompt=True)
-            ids = tokenizer(prompt, add_special_tokens=False).input_ids
+            ids = prompt_ids(tokenizer, text, chat=True)  # as the server builds it
             probe = probe or ids
             plain = greedy_speculative(model, base, ids, 0, args.max_new_tokens, eos).output_ids
-            with torch.inference_mode():
-                hidden = model.model(input_ids=torch.tensor([ids + plain])).last_hidden_state[0].numpy()
+            hidden = target_features(model, ids + plain, base)
             for t, drafter in drafters.items():
                 stats = simulate_acceptance(drafter, ids, plain, hidden, args.gamma)
                 steps[workload][t].extend(zip(stats.accepted, stats.proposed))

@@ -234,6 +234,12 @@ class DecodingSession:
             getattr(decoder.drafters[n], "needs_hidden_states", False) for n in self._sessions
         )
         self._hidden_from = 0
+        # The target states the feature-hungry drafter reads (EAGLE-3: decoder-layer outputs)
+        self._hidden_layers: tuple[int, ...] = ()
+        if self._needs_hidden:
+            self._hidden_layers = next(
+                (tuple(getattr(decoder.drafters[n], "feature_layers", ())) for n in self._sessions
+                 if getattr(decoder.drafters[n], "needs_hidden_states", False)), ())
 
     # -- the step protocol -------------------------------------------------------------
     def next_verify(self) -> VerifyRequest:
@@ -276,6 +282,7 @@ class DecodingSession:
             seed=int(self._request.seed),
             end_id=self._decoder.eos_id,
             hidden_from=hidden_from,
+            hidden_layers=self._hidden_layers if hidden_from >= 0 else (),
         )
 
     def _choose_costaware(self, limit: int) -> tuple[int | None, Draft]:

@@ -79,6 +79,7 @@ class ServingConfig:
     max_context: int = 2048
     drafters: tuple[str, ...] = ("pld", "suffix", "rest")
     eagle_model: str = ""  # the Triton model of the Eagle head; "": in this process
+    eagle_head: str = ""  # the shipped head: "" (default) | eagle1 | eagle3; the eagle model's must match
     rest_datastore: Path | None = None  # None: the default datastore
     draft_name: str = "draft"  # the Triton model of a separate draft engine
     drafter_plugin: Path | None = None  # a file that adds drafters by name (tests only)
@@ -113,6 +114,7 @@ class ServingConfig:
             max_context=p.integer("max_context", 2048, low=1),
             drafters=p.names("drafters", "pld,suffix,rest"),
             eagle_model=p.text("eagle_model", "").strip(),
+            eagle_head=_eagle_head(p.text("eagle_head", "")),
             rest_datastore=None if datastore in ("", "default") else Path(datastore),
             draft_name=p.text("draft_name", "draft"),
             drafter_plugin=Path(plugin) if (plugin := p.text("drafter_plugin", "").strip()) else None,
@@ -170,7 +172,8 @@ class EagleModelConfig:
     target_model: str = "smollm2"
     max_sequences: int = 64
     max_draft_len_limit: int = 16
-    min_confidence: float | None = None  # None: the drafter's default
+    min_confidence: float | None = None  # None (absent or ""): the head's own tuned cut-off
+    eagle_head: str = ""  # "" (default) | eagle1 | eagle3: the shipped head served
     torch_threads: int = 1
 
     @classmethod
@@ -181,6 +184,15 @@ class EagleModelConfig:
             target_model=p.text("target_model", "smollm2"),
             max_sequences=p.integer("max_sequences", 64),
             max_draft_len_limit=p.integer("max_draft_len_limit", 16),
-            min_confidence=None if raw_confidence is None else p.number("min_confidence", 0.0),
+            min_confidence=None if raw_confidence in (None, "") else p.number("min_confidence", 0.0),
             torch_threads=p.integer("torch_threads", 1),
+            eagle_head=_eagle_head(p.text("eagle_head", "")),
         )
+
+
+def _eagle_head(name: str) -> str:
+    """A shipped head's name, checked: "" | eagle1 | eagle3 (error names ``eagle_head``)."""
+    name = name.strip()
+    if name not in ("", "eagle1", "eagle3"):
+        raise BanditSpecValidationError("eagle_head", f"unknown head {name!r}; choose from eagle1, eagle3 or \"\"")
+    return name

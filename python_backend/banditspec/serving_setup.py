@@ -45,6 +45,7 @@ def _drafters(config: ServingConfig, tokenizer, infer: InferFn) -> dict:
         draft_model_name=config.draft_name,
         eagle_model=config.eagle_model,
         eagle_engine=config.target_kind == "tensorrtllm",
+        eagle_head=config.eagle_head,
         plugin=config.drafter_plugin,
     )
 

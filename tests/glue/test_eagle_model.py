@@ -22,9 +22,9 @@ def tiny():
 
 
 def eagle_model(monkeypatch, tiny, fits=True):
-    monkeypatch.setattr(eagle_drafters, "head_fit_problem", lambda name: None if fits else "head built for hidden 576")
+    monkeypatch.setattr(eagle_drafters, "head_fit_problem", lambda name, weights=None: None if fits else "head built for hidden 576")
     monkeypatch.setattr(eagle_drafters, "load_default_eagle_drafter",
-                        lambda model, min_confidence=0.0: EagleDrafter(make_head(model), model.get_input_embeddings().weight,
+                        lambda model, weights=None, min_confidence=0.0: EagleDrafter(make_head(model), model.get_input_embeddings().weight,
                                                                        min_confidence=min_confidence))
     monkeypatch.setattr(models, "load_model", lambda name: (tiny, None))
     module = load_model_module("eagle", fake_pb_utils.make_module(lambda *a: None))

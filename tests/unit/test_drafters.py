@@ -433,8 +433,13 @@ def test_the_factory_builds_the_eagle_arm_the_deployment_can_serve(monkeypatch):
     assert list(engine) == ["eagle", "draft", "pld"] and isinstance(engine["eagle"], DraftModelDrafter)
     assert engine["eagle"].model_name == "eagle_engine" and engine["draft"].model_name == "draft"
     assert "eagle" not in build(eagle_engine=True)  # a TensorRT-LLM target: no hidden states here
-    monkeypatch.setattr(eagle, "head_fit_problem", lambda name: None)
+    monkeypatch.setattr(eagle, "head_fit_problem", lambda name, weights=None: None)
     assert isinstance(build(eagle_model="eagle")["eagle"], RemoteEagleDrafter)
-    monkeypatch.setattr(eagle, "head_fit_problem", lambda name: "head built for another target")
+    # the remote head's target states follow the head named: EAGLE-3 reads layers 1, 14, 26
+    assert build(eagle_model="eagle")["eagle"].feature_layers == ()
+    assert build(eagle_model="eagle", eagle_head="eagle3")["eagle"].feature_layers == (1, 14, 26)
+    with pytest.raises(BanditSpecValidationError, match="eagle_head"):
+        build(eagle_model="eagle", eagle_head="eagle9")
+    monkeypatch.setattr(eagle, "head_fit_problem", lambda name, weights=None: "head built for another target")
     assert "eagle" not in build(eagle_model="eagle")
     assert list(build_drafters(["eagle", "draft"], ByteTokenizer())) == []  # nothing to draft with

@@ -1,4 +1,5 @@
-"""The Eagle head, its training objective and the ``eagle`` drafter.
+"""The EAGLE-1 head, its training objective and the ``eagle`` drafter over it (the EAGLE-3
+head, now the default, is tested in test_eagle3.py).
 
 Fast tests use a random head over the tiny random Llama (hidden 64, SmolLM2's vocab); the
 tests marked slow use the real SmolLM2 target and the shipped weights.
@@ -12,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from banditspec.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, load_default_eagle_drafter
+from banditspec.drafters.eagle import EAGLE1_WEIGHTS, EagleDrafter, load_default_eagle_drafter
 from banditspec.eagle.evaluate import greedy_speculative
 from banditspec.eagle.features import FeatureSet
 from banditspec.eagle.head import EagleConfig, EagleHead, load_head, save_head
 from banditspec.eagle.objective import unrolled_mask, unrolled_predictions
-from banditspec.eagle.train import TrainConfig, evaluate_head, train_head
+from banditspec.eagle.train import TrainConfig, evaluate_head, loss_function, train_head
 from banditspec.eagle.vocab import choose_draft_vocab
 from banditspec.errors import BanditSpecValidationError
 
@@ -233,9 +234,10 @@ def test_tiny_training_reduces_loss(tiny):
     embedding = tiny.get_input_embeddings().weight.detach()
     train_set = tiny_feature_set(tiny, 16, 24, seed=7)
     cfg = TrainConfig(epochs=6, batch_tokens=96, lr=3e-3, warmup=3, unroll_steps=2, noise=0.05)
-    before, _ = evaluate_head(head, embedding, train_set, cfg)
-    result = train_head(head, embedding, train_set, None, cfg, progress=False)
-    after, _ = evaluate_head(head, embedding, train_set, cfg)
+    loss_fn = loss_function(head, embedding, None, cfg)
+    before, _ = evaluate_head(loss_fn, train_set, cfg)
+    result = train_head(head, loss_fn, train_set, None, cfg, progress=False)
+    after, _ = evaluate_head(loss_fn, train_set, cfg)
     assert len(result.losses) >= 20
     assert after[0] < 0.8 * before[0] and after[1] < 0.8 * before[1]
     assert np.mean(result.losses[-5:]) < np.mean(result.losses[:5])
@@ -243,13 +245,13 @@ def test_tiny_training_reduces_loss(tiny):
 
 # --- shipped weights --------------------------------------------------------------------
 def test_shipped_weights_load():
-    assert DEFAULT_WEIGHTS.exists() and DEFAULT_WEIGHTS.stat().st_size < 20 * 2**20
-    head = load_head(DEFAULT_WEIGHTS)
+    assert EAGLE1_WEIGHTS.exists() and EAGLE1_WEIGHTS.stat().st_size < 20 * 2**20
+    head = load_head(EAGLE1_WEIGHTS)
     assert head.config.hidden_size == 576 and head.config.target_vocab_size == 49152
     vocab = head.draft_vocab
     assert len(vocab) == head.config.draft_vocab_size == len(set(vocab.tolist()))
     assert int(vocab.min()) >= 0 and int(vocab.max()) < 49152
-    info = json.loads(DEFAULT_WEIGHTS.with_suffix(".json").read_text())
+    info = json.loads(EAGLE1_WEIGHTS.with_suffix(".json").read_text())
     assert info["distill"]["chat_prompts"] > 0 and len(info["metrics"]["val_top1_per_step"]) >= 1
 
 
@@ -259,7 +261,7 @@ def test_shipped_head_drafts_accepted_tokens_on_smollm2():
     from banditspec.engine.models import load_model
 
     model, tokenizer = load_model("smollm2")
-    drafter = load_default_eagle_drafter(model, min_confidence=0.0)  # the head itself, full-length drafts
+    drafter = load_default_eagle_drafter(model, EAGLE1_WEIGHTS, min_confidence=0.0)  # the head itself, full-length drafts
     question = sharegpt_split("eval")[3][0][1][:400]
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
                                            tokenize=False, add_generation_prompt=True)

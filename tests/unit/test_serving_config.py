@@ -30,7 +30,7 @@ def test_the_shipped_parameters_read_into_their_types():
     target = TargetModelConfig.from_parameters(shipped("target"))
     assert (target.max_context, target.cache_entries, target.kernels) == (2048, 16, "fast")
     eagle = EagleModelConfig.from_parameters(shipped("eagle"))
-    assert (eagle.max_sequences, eagle.min_confidence, eagle.torch_threads) == (64, 0.4, 1)
+    assert (eagle.max_sequences, eagle.min_confidence, eagle.torch_threads) == (64, None, 1)  # "": the head's own
     args = {"model_config": json.dumps({"parameters": {"max_context": {"string_value": "64"}}})}
     assert model_parameters(args) == {"max_context": "64"}
 
@@ -50,3 +50,11 @@ def test_a_bad_parameter_is_named(build, params, field):
     with pytest.raises(BanditSpecValidationError) as error:
         build.from_parameters(params)
     assert error.value.field == field and str(error.value).startswith(field)
+
+
+def test_eagle_head_is_checked_by_name():
+    assert ServingConfig.from_parameters({"eagle_head": "eagle3"}).eagle_head == "eagle3"
+    assert EagleModelConfig.from_parameters({"eagle_head": " "}).eagle_head == ""
+    for make in (ServingConfig.from_parameters, EagleModelConfig.from_parameters):
+        with pytest.raises(BanditSpecValidationError, match="eagle_head"):
+            make({"eagle_head": "eagle2"})

@@ -22,6 +22,3 @@ One module per concern:
 * :mod:`.report`: the report and its verdicts;
 * :mod:`.command`: the command (start a server, soak, stop it).
 """
-
-# engine_build/eagle/triton_costs.py reads the metrics port through this path.
-from banditspec_client.prometheus_text import metric_total, scrape_metrics  # noqa: F401

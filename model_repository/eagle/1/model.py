@@ -16,7 +16,7 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from banditspec.drafters.eagle import DEFAULT_MIN_CONFIDENCE, head_fit_problem, load_default_eagle_drafter
+        from banditspec.drafters.eagle import head_fit_problem, head_weights, load_default_eagle_drafter
         from banditspec.drafters.eagle_service import EagleService
         from banditspec.engine.models import load_model
 
@@ -25,14 +25,14 @@ class TritonPythonModel:
             torch.set_num_threads(config.torch_threads)
         target = config.target_model
         self.service = None
-        self.unavailable = head_fit_problem(target)
+        weights = head_weights(config.eagle_head)
+        self.unavailable = head_fit_problem(target, weights)
         if self.unavailable is not None:  # e.g. the tiny test model: the controller leaves the arm out
             log.warning("eagle: not serving: %s", self.unavailable)
             return
         model, _ = load_model(target)
-        min_confidence = DEFAULT_MIN_CONFIDENCE if config.min_confidence is None else config.min_confidence
-        self.service = EagleService(
-            load_default_eagle_drafter(model, min_confidence=min_confidence),
+        self.service = EagleService(  # min_confidence None: the head's own tuned cut-off
+            load_default_eagle_drafter(model, weights, min_confidence=config.min_confidence),
             max_sequences=config.max_sequences,
             max_draft_len=config.max_draft_len_limit,
         )

@@ -1,10 +1,11 @@
-"""Drafter ``eagle``: chain drafting with a trained EAGLE-1 head.
+"""Drafter ``eagle``: chain drafting with a trained Eagle head (EAGLE-3, or the older EAGLE-1).
 
 A session keeps the head's KV cache over the *real* pairs (f_i, x_{i+1}) only, i.e. the
-target's features from ``observe``. ``propose`` first feeds the pairs that arrived since
-the last call (one small prefill), then drafts token by token, feeding back its own
-predicted feature f^ and drafted token; those speculative cache entries are dropped when
-``propose`` returns. So after a rejection nothing needs undoing: the next ``propose``
+target's features from ``observe`` (EAGLE-3: the outputs of the target's low, middle and
+high decoder layers, fused by the head's ``fc``; EAGLE-1: the last post-norm state).
+``propose`` first feeds the pairs that arrived since the last call (one small prefill),
+then drafts token by token, feeding back its own state and drafted token; those
+speculative cache entries are dropped when ``propose`` returns. So after a rejection nothing needs undoing: the next ``propose``
 continues from the real features the target returned for the accepted tokens, and the state
 equals a fresh session over the same tokens.
 
@@ -23,10 +24,31 @@ import torch
 
 from banditspec.drafters.base import Draft
 from banditspec.eagle.head import EagleHead, load_head
+from banditspec.eagle.head3 import Eagle3Head, head_format, load_head3
 from banditspec.errors import BanditSpecValidationError
 
-DEFAULT_WEIGHTS = Path(__file__).resolve().parents[1] / "eagle" / "weights" / "eagle-smollm2.safetensors"
-DEFAULT_MIN_CONFIDENCE = 0.4  # see EagleDrafter; chosen by engine_build/eagle/tune_confidence.py (README there)
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "eagle" / "weights"
+EAGLE1_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2.safetensors"
+EAGLE3_WEIGHTS = WEIGHTS_DIR / "eagle3-smollm2.safetensors"
+# The served head. The EAGLE-3 head ships too, but measured side by side on the same held-out
+# prompts it accepts no more than the EAGLE-1 head (engine_build/eagle/README.md, "Results"),
+# so EAGLE-1 stays the default until a better-trained EAGLE-3 head beats it.
+DEFAULT_WEIGHTS = EAGLE1_WEIGHTS
+HEADS = {"eagle1": EAGLE1_WEIGHTS, "eagle3": EAGLE3_WEIGHTS}
+
+
+def head_weights(name: str = "") -> Path:
+    """The weights of a shipped head by name ("" = the default, "eagle1", "eagle3")."""
+    if name in ("", None):
+        return DEFAULT_WEIGHTS
+    if name not in HEADS:
+        raise BanditSpecValidationError("eagle_head", f"unknown head {name!r}; choose from {', '.join(HEADS)} or \"\"")
+    return HEADS[name]
+
+
+# see EagleDrafter; chosen by engine_build/eagle/tune_confidence.py (README there). A head's
+# JSON may carry its own tuned "min_confidence", which then wins.
+DEFAULT_MIN_CONFIDENCE = 0.4
 
 
 class EagleDrafter:
@@ -42,7 +64,7 @@ class EagleDrafter:
     name = "eagle"
     needs_hidden_states = True  # the decoding loop then asks the target for its hidden states
 
-    def __init__(self, head: EagleHead, embedding: torch.Tensor, stop_ids: Sequence[int] = (),
+    def __init__(self, head: EagleHead | Eagle3Head, embedding: torch.Tensor, stop_ids: Sequence[int] = (),
                  min_confidence: float = 0.0):
         if not 0.0 <= float(min_confidence) < 1.0:
             raise BanditSpecValidationError("min_confidence", f"must be in [0, 1), got {min_confidence!r}")
@@ -55,12 +77,32 @@ class EagleDrafter:
         self.head = head.eval()
         self.embedding = embedding.detach().to(torch.float32)
         self.draft_vocab = head.draft_vocab.to(torch.int64)
-        self.lm_rows = self.embedding[self.draft_vocab].contiguous()  # [K, H]
+        self.eagle3 = isinstance(head, Eagle3Head)
+        # EAGLE-1 scores drafts with the target's own LM-head rows; EAGLE-3 has its own LM head
+        self.lm_rows = None if self.eagle3 else self.embedding[self.draft_vocab].contiguous()  # [K, H]
         self.stop_ids = frozenset(int(t) for t in stop_ids)
+        # Which target states a step must return (VerifyRequest.hidden_layers): () = the last one
+        self.feature_layers: tuple[int, ...] = tuple(head.config.aux_layers) if isinstance(head, Eagle3Head) else ()
 
     @property
     def hidden_size(self) -> int:
         return self.head.config.hidden_size
+
+    @property
+    def feature_size(self) -> int:
+        """Width of one position's target feature row (hidden, or k layers * hidden)."""
+        return self.head.config.feature_size if isinstance(self.head, Eagle3Head) else self.hidden_size
+
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [K] of the head's state [.., H] for the next token."""
+        if isinstance(self.head, Eagle3Head):
+            return self.head.logits(state.reshape(-1))
+        assert self.lm_rows is not None
+        return self.head.draft_logits(state.reshape(-1), self.lm_rows)
+
+    def real_input(self, features: torch.Tensor) -> torch.Tensor:
+        """The head's hidden input for real target features [1, T, F]."""
+        return self.head.project(features) if isinstance(self.head, Eagle3Head) else features
 
     @property
     def vocab_size(self) -> int:
@@ -115,9 +157,9 @@ class EagleSession:
             return
         rows = np.asarray(hidden_states)
         n = len(self.tokens)
-        if rows.ndim != 2 or rows.shape[1] != self.drafter.hidden_size or rows.shape[0] > n - 1:
+        if rows.ndim != 2 or rows.shape[1] != self.drafter.feature_size or rows.shape[0] > n - 1:
             raise BanditSpecValidationError(
-                "hidden_states", f"expected [<= {n - 1}, {self.drafter.hidden_size}] rows, "
+                "hidden_states", f"expected [<= {n - 1}, {self.drafter.feature_size}] rows, "
                 f"got {list(rows.shape)}")
         first = n - 1 - rows.shape[0]  # position of the first row (rows end at position n-2)
         if first > self.num_features:
@@ -152,7 +194,8 @@ class EagleSession:
             features = torch.cat(self.pending).unsqueeze(0)  # [1, T, H]
             next_tokens = torch.tensor(self.tokens[self.committed + 1: self.num_features + 1])
             predicted, self.cache_k, self.cache_v = head.step(
-                emb_matrix[next_tokens].unsqueeze(0), features, self.cache_k, self.cache_v)
+                emb_matrix[next_tokens].unsqueeze(0), self.drafter.real_input(features),
+                self.cache_k, self.cache_v)
             self.pending = []
             self.committed = self.num_features
             self._last_predicted = predicted[:, -1:]
@@ -161,7 +204,7 @@ class EagleSession:
 
     def _argmax(self, predicted: torch.Tensor) -> tuple[int, float]:
         """(target id of the head's top draft token, its probability; 1.0 when not needed)."""
-        logits = self.drafter.head.draft_logits(predicted.view(-1), self.drafter.lm_rows)
+        logits = self.drafter.logits(predicted)
         best = int(logits.argmax())
         confidence = 1.0
         if self.drafter.min_confidence > 0:
@@ -169,10 +212,39 @@ class EagleSession:
         return int(self.drafter.draft_vocab[best]), confidence
 
 
+def load_eagle_head(weights: Path) -> EagleHead | Eagle3Head:
+    """The head saved in ``weights`` (EAGLE-3 or EAGLE-1, told by the JSON beside it)."""
+    if not Path(weights).with_suffix(".json").exists():
+        raise BanditSpecValidationError("eagle_weights", f"no such head: {Path(weights).name}")
+    return load_head3(weights) if head_format(weights) == "eagle3" else load_head(weights)
+
+
+def head_min_confidence(weights: Path = DEFAULT_WEIGHTS) -> float:
+    """The confidence cut-off tuned for the head in ``weights`` (its JSON), else the default."""
+    import json
+
+    info = json.loads(Path(weights).with_suffix(".json").read_text())
+    return float(info.get("min_confidence", DEFAULT_MIN_CONFIDENCE))
+
+
+def head_feature_layers(weights: Path = DEFAULT_WEIGHTS) -> tuple[int, ...]:
+    """The target layers the head in ``weights`` reads (() = the last post-norm state); from
+    its JSON, so a controller that reaches the head remotely asks the target for the right states."""
+    import json
+
+    info = json.loads(Path(weights).with_suffix(".json").read_text())
+    if info.get("format", "eagle1") != "eagle3":
+        return ()
+    return tuple(int(a) for a in info["config"]["aux_layers"])
+
+
 def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS,
-                               min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> EagleDrafter:
-    """The shipped head for SmolLM2-135M-Instruct, on ``target_model``'s (frozen) embedding."""
-    head = load_head(weights)
+                               min_confidence: float | None = None) -> EagleDrafter:
+    """The shipped head for SmolLM2-135M-Instruct, on ``target_model``'s (frozen) embedding.
+    ``min_confidence`` None: the head's own tuned cut-off (:func:`head_min_confidence`)."""
+    if min_confidence is None:
+        min_confidence = head_min_confidence(weights)
+    head = load_eagle_head(weights)
     cfg, target = head.config, target_model.config
     if (cfg.hidden_size, cfg.target_vocab_size) != (target.hidden_size, target.vocab_size):
         raise BanditSpecValidationError(

@@ -9,7 +9,7 @@ sequence, ``close`` ends it. Tensors (``model_repository/eagle/config.pbtxt``):
     sequence_id    UINT64 [1]        random per request
     prompt_ids     INT32  [T]        first call only
     input_ids      INT32  [n]        tokens observed since the last call
-    hidden_states  FP32   [m, H]     their target features (optional)
+    hidden_states  FP32   [m, F]     their target features (optional; F = 3H for EAGLE-3)
     max_draft_len  INT32  [1]
     end            BOOL   [1]        last call
     -> draft_ids   INT32  [<= max_draft_len]
@@ -90,9 +90,12 @@ class RemoteEagleDrafter:
     name = "eagle"
     needs_hidden_states = True
 
-    def __init__(self, infer: InferFn, *, model_name: str = "eagle"):
+    def __init__(self, infer: InferFn, *, model_name: str = "eagle", feature_layers: Sequence[int] = ()):
+        """feature_layers: the target states the head reads (VerifyRequest.hidden_layers;
+        () = the last post-norm state), as the served head's JSON says."""
         self.infer = infer
         self.model_name = model_name
+        self.feature_layers: tuple[int, ...] = tuple(int(a) for a in feature_layers)
 
     def start(self, prompt_ids: Sequence[int]) -> RemoteEagleSession:
         return RemoteEagleSession(self, prompt_ids)

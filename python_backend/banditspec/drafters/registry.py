@@ -76,13 +76,14 @@ def build_drafters(
     draft_model_name: str = "draft",
     eagle_model: str = "",
     eagle_engine: bool = False,
+    eagle_head: str = "",
     plugin: Path | None = None,
 ) -> dict[str, Drafter]:
     """Drafters by name, in ``names`` order.
 
     ``eagle``: with ``eagle_model`` (and ``infer``), the ``eagle_model`` Triton model through
     BLS, or with ``eagle_engine`` a TensorRT-LLM Eagle engine of that name drafting like a
-    draft engine; else the shipped head in this process on the target's embedding
+    draft engine; else the shipped head ``eagle_head`` ("" = the default) in this process on the target's embedding
     (``target_model``, or ``load_target_model()`` when given). Left out when none of these
     is possible, or when the shipped head does not fit the target ``target_name``.
     ``draft``: a separate draft engine ``draft_model_name``, reached through ``infer``.
@@ -97,7 +98,8 @@ def build_drafters(
         if extra is not None and name in extra.DRAFTER_NAMES:
             drafter = extra.make_drafter(name)
         elif name == "eagle":
-            drafter = _eagle(tokenizer, target_model, load_target_model, target_name, infer, eagle_model, eagle_engine)
+            drafter = _eagle(tokenizer, target_model, load_target_model, target_name, infer, eagle_model,
+                             eagle_engine, eagle_head)
         elif name == "draft":
             drafter = _draft_engine(infer, draft_model_name, tokenizer) if infer is not None else None
         elif name == "rest":
@@ -139,7 +141,7 @@ def _draft_engine(infer: Callable, model_name: str, tokenizer: Any) -> Drafter:
 
 
 def _eagle(tokenizer: Any, target_model: Any, load_target_model: Callable[[], Any] | None, target_name: str,
-           infer: Callable | None, eagle_model: str, eagle_engine: bool) -> Drafter | None:
+           infer: Callable | None, eagle_model: str, eagle_engine: bool, eagle_head: str = "") -> Drafter | None:
     """The eagle arm, or None when this deployment cannot serve it."""
     if eagle_model and infer is not None:
         if eagle_engine:
@@ -150,21 +152,22 @@ def _eagle(tokenizer: Any, target_model: Any, load_target_model: Callable[[], An
         from banditspec.drafters import eagle
         from banditspec.drafters.eagle_remote import RemoteEagleDrafter
 
-        problem = eagle.head_fit_problem(target_name)
+        weights = eagle.head_weights(eagle_head)
+        problem = eagle.head_fit_problem(target_name, weights)
         if problem is not None:  # e.g. the tiny test model
             log.warning("eagle arm not served: %s", problem)
             return None
-        return RemoteEagleDrafter(infer, model_name=eagle_model)
+        return RemoteEagleDrafter(infer, model_name=eagle_model, feature_layers=eagle.head_feature_layers(weights))
     if eagle_engine:
         return None  # a TensorRT-LLM target returns no hidden states to draft from here
     if target_model is None and load_target_model is not None:
         target_model = load_target_model()
     if target_model is None:
         return None  # no hidden states and no LM head here: the arm is not served
-    from banditspec.drafters.eagle import load_default_eagle_drafter
+    from banditspec.drafters.eagle import head_weights, load_default_eagle_drafter
 
     try:
-        return load_default_eagle_drafter(target_model)
+        return load_default_eagle_drafter(target_model, head_weights(eagle_head))
     except BanditSpecValidationError as exc:  # the shipped head is for another target
         log.warning("eagle arm not served: %s", exc)
         return None

@@ -50,11 +50,13 @@ def _cached(name: str, spec, model_name: str, build) -> FeatureSet:
 
 
 def training_data(model, tokenizer, model_name: str, distill_spec: DistillSpec,
-                  text_spec: CorpusSpec, progress: bool = True) -> FeatureSet:
+                  text_spec: CorpusSpec, progress: bool = True, workers: int = 1) -> FeatureSet:
+    """``workers``: self-distillation processes (one torch thread each), see :func:`.selfdistill.distill`."""
     parts = []
     if distill_spec.chat_prompts + distill_spec.code_prompts > 0:
         parts.append(_cached("distill", distill_spec, model_name,
-                             lambda shards: distill(model, tokenizer, distill_spec, shards, progress)))
+                             lambda shards: distill(model, tokenizer, distill_spec, shards, progress,
+                                                    workers=workers, model_name=model_name)))
     if text_spec.chat_tokens + text_spec.code_tokens > 0:
         parts.append(_cached("text", text_spec, model_name, lambda shards: extract_features(
             model, build_corpus(tokenizer, text_spec), progress=progress, shard_dir=shards)))

@@ -38,6 +38,23 @@ def _crop_to(cache, keep: int) -> None:
 
 
 @torch.inference_mode()
+def _drafter_features(output, layers: tuple[int, ...]) -> torch.Tensor:
+    """[T, F]: the last post-norm states (EAGLE-1), or decoder layers' outputs (EAGLE-3)."""
+    if not layers:
+        return output.last_hidden_state[0].detach()
+    return torch.cat([output.hidden_states[a + 1][0] for a in layers], dim=-1).detach()
+
+
+@torch.inference_mode()
+def target_features(model, ids: Sequence[int], drafter) -> np.ndarray:
+    """float32 [len(ids), F]: what the target returns to ``drafter`` for every position of
+    ``ids`` (one forward; the drafter's ``feature_layers``, () = the last post-norm state)."""
+    layers = tuple(getattr(drafter, "feature_layers", ()))
+    output = model.model(input_ids=torch.tensor([list(ids)]), output_hidden_states=bool(layers))
+    return _drafter_features(output, layers).numpy()
+
+
+@torch.inference_mode()
 def greedy_speculative(model, drafter, prompt_ids: Sequence[int], gamma: int,
                        max_new_tokens: int, eos_id: int | None) -> LoopStats:
     """Greedy decoding of ``max_new_tokens`` with ``drafter`` proposing up to ``gamma`` tokens."""
@@ -47,11 +64,13 @@ def greedy_speculative(model, drafter, prompt_ids: Sequence[int], gamma: int,
     cache = DynamicCache()
     ids = torch.tensor([list(prompt_ids)])
     t0 = time.perf_counter()
-    hidden = model.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state[0]
+    layers = tuple(getattr(drafter, "feature_layers", ()))
+    output = model.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(layers))
+    hidden = output.last_hidden_state[0]
     token = int(model.lm_head(hidden[-1]).argmax())
     stats.target_seconds += time.perf_counter() - t0
     session = drafter.start(list(prompt_ids))
-    session.observe([token], hidden.numpy())
+    session.observe([token], _drafter_features(output, layers).numpy())
     stats.output_ids.append(token)
     context = len(prompt_ids) + 1  # the cache holds all but the last token
     while len(stats.output_ids) < max_new_tokens and token != eos_id:
@@ -60,7 +79,8 @@ def greedy_speculative(model, drafter, prompt_ids: Sequence[int], gamma: int,
         stats.draft_seconds += time.perf_counter() - t0
         t0 = time.perf_counter()
         step_ids = torch.tensor([[token] + draft])
-        hidden = model.model(input_ids=step_ids, cache=cache, use_cache=True).last_hidden_state[0]
+        output = model.model(input_ids=step_ids, cache=cache, use_cache=True, output_hidden_states=bool(layers))
+        hidden = output.last_hidden_state[0]
         greedy = model.lm_head(hidden).argmax(-1).tolist()
         accepted = 0
         while accepted < len(draft) and draft[accepted] == greedy[accepted]:
@@ -70,7 +90,7 @@ def greedy_speculative(model, drafter, prompt_ids: Sequence[int], gamma: int,
         new = draft[:accepted] + ([] if accepted and draft[accepted - 1] == eos_id else [greedy[accepted]])
         _crop_to(cache, context - 1 + len(new))
         stats.target_seconds += time.perf_counter() - t0
-        session.observe(new, hidden[: len(new)].numpy())
+        session.observe(new, _drafter_features(output, layers)[: len(new)].numpy())
         stats.accepted.append(accepted)
         stats.proposed.append(len(draft))
         stats.output_ids.extend(new)
@@ -96,7 +116,9 @@ def step_costs(model, drafter, prompt_ids: Sequence[int], repeats: int = 20) -> 
 
     cache = DynamicCache()
     ids = torch.tensor([list(prompt_ids)])
-    hidden = model.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state[0]
+    layers = tuple(getattr(drafter, "feature_layers", ()))
+    output = model.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(layers))
+    hidden = output.last_hidden_state[0]
     token = int(model.lm_head(hidden[-1]).argmax())
     target_times = []
     for _ in range(repeats):
@@ -106,7 +128,7 @@ def step_costs(model, drafter, prompt_ids: Sequence[int], repeats: int = 20) -> 
         target_times.append(time.perf_counter() - t0)
         _crop_to(cache, len(prompt_ids))
     session = drafter.start(list(prompt_ids))
-    session.observe([token], hidden.numpy())
+    session.observe([token], _drafter_features(output, layers).numpy())
     session.propose(1)  # commit the prompt's pairs once
     one, four = [], []
     for _ in range(repeats):
@@ -127,8 +149,8 @@ def simulate_acceptance(drafter, prompt_ids: Sequence[int], continuation: Sequen
     """Replay a known greedy continuation step by step without calling the target.
 
     Greedy output does not depend on the drafter, so the speculative loop's steps can be
-    replayed from the plain greedy ``continuation`` and the target's ``hidden`` float32
-    [len(prompt) + len(continuation), H] (one forward over the whole text): each step
+    replayed from the plain greedy ``continuation`` and the target's features ``hidden``
+    float32 [len(prompt) + len(continuation), F] (:func:`target_features`): each step
     proposes, counts the matching prefix, and observes what the engine would return.
     """
     stats = LoopStats(output_ids=list(continuation))

@@ -193,22 +193,31 @@ class EagleHead(nn.Module):
         past, t = past_k.shape[2], features.shape[1]
         u = self.fuse(embeddings, features)
         q, k_new, v_new = self.qkv(u, torch.arange(past, past + t))
-        k = torch.cat([past_k, k_new], dim=2)
-        v = torch.cat([past_v, v_new], dim=2)
-        mask = None
-        if t > 1:
-            mask = torch.ones(t, past + t, dtype=torch.bool).tril(diagonal=past)
+        k, v, mask = extend_cache(past_k, past_v, k_new, v_new)
         return self.finish(u, self.attend(q, k, v, mask)), k, v
 
     def empty_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.config
-        shape = (1, c.num_kv_heads, 0, c.head_dim)
-        return torch.zeros(shape), torch.zeros(shape)
+        return empty_cache(self.config.num_kv_heads, self.config.head_dim)
 
 
-# --- persistence ------------------------------------------------------------------------
-def save_head(head: EagleHead, path: Path, metadata: dict | None = None) -> None:
-    """Weights as bf16 safetensors (draft_vocab as int32) + config/metadata JSON beside it."""
+# --- shared by the EAGLE-1 and EAGLE-3 heads ------------------------------------------------
+def extend_cache(past_k: torch.Tensor, past_v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor):
+    """(k, v, mask): the cache [1, nkv, P + T, d] with T new entries appended, and the causal
+    mask [T, P + T] of the new queries (None for one query: it sees everything)."""
+    past, t = past_k.shape[2], k_new.shape[2]
+    k = torch.cat([past_k, k_new], dim=2)
+    v = torch.cat([past_v, v_new], dim=2)
+    mask = torch.ones(t, past + t, dtype=torch.bool).tril(diagonal=past) if t > 1 else None
+    return k, v, mask
+
+
+def empty_cache(kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (1, kv_heads, 0, head_dim)
+    return torch.zeros(shape), torch.zeros(shape)
+
+
+def save_weights(head: nn.Module, path: Path, info: dict) -> None:
+    """Weights as bf16 safetensors (draft_vocab as int32) + ``info`` JSON beside them."""
     from safetensors.torch import save_file
 
     tensors = {}
@@ -216,22 +225,31 @@ def save_head(head: EagleHead, path: Path, metadata: dict | None = None) -> None
         tensors[name] = tensor.to(torch.int32) if name == "draft_vocab" else tensor.to(torch.bfloat16)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-    info = {"config": asdict(head.config), **(metadata or {})}
     path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-def load_head(path: Path, dtype: torch.dtype = torch.float32) -> EagleHead:
-    """An EagleHead in eval mode from ``save_head``'s files (weights cast to ``dtype``)."""
+def load_weights(path: Path, build, dtype: torch.dtype):
+    """``build(config dict)`` -> a head, filled from ``save_weights``' files, in eval mode."""
     from safetensors.torch import load_file
 
     path = Path(path)
     if not path.exists():
         raise BanditSpecValidationError("eagle_weights", f"no such file: {path.name}")
-    info = json.loads(path.with_suffix(".json").read_text())
-    head = EagleHead(EagleConfig(**info["config"]))
+    head = build(json.loads(path.with_suffix(".json").read_text())["config"])
     tensors = load_file(str(path))
     state = {k: (v.to(torch.int64) if k == "draft_vocab" else v.to(dtype)) for k, v in tensors.items()}
     head.load_state_dict(state)
     head.to(dtype)
     head.draft_vocab = head.draft_vocab.to(torch.int64)
     return head.eval()
+
+
+# --- persistence ------------------------------------------------------------------------
+def save_head(head: EagleHead, path: Path, metadata: dict | None = None) -> None:
+    """Weights as bf16 safetensors (draft_vocab as int32) + config/metadata JSON beside it."""
+    save_weights(head, path, {"config": asdict(head.config), **(metadata or {})})
+
+
+def load_head(path: Path, dtype: torch.dtype = torch.float32) -> EagleHead:
+    """An EagleHead in eval mode from ``save_head``'s files (weights cast to ``dtype``)."""
+    return load_weights(path, lambda config: EagleHead(EagleConfig(**config)), dtype)

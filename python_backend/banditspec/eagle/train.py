@@ -1,9 +1,10 @@
-"""``banditspec build eagle``: train the EAGLE-1 head of a target, reproducibly (seeded).
+"""``banditspec build eagle``: train the Eagle head of a target, reproducibly (seeded).
 
 Pipeline: the target answers training prompts greedily, keeping its features
 (:mod:`.selfdistill`; optionally plus fixed text, :mod:`.corpus`), cached in the cache folder
-(:mod:`.dataset`) -> draft vocabulary (:mod:`.vocab`) -> unrolled training
-(:mod:`.objective`) -> bf16 safetensors + JSON (config, data, metrics) + loss-curve PNG.
+(:mod:`.dataset`) -> draft vocabulary (:mod:`.vocab`) -> unrolled training with
+training-time test (:mod:`.objective3` for the EAGLE-3 head, the default; :mod:`.objective`
+for the older EAGLE-1 head) -> bf16 safetensors + JSON (config, data, metrics) + loss-curve PNG.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -23,7 +25,9 @@ from banditspec.eagle.corpus import CorpusSpec, token_frequencies
 from banditspec.eagle.dataset import training_data
 from banditspec.eagle.features import FeatureSet
 from banditspec.eagle.head import EagleConfig, EagleHead, save_head
-from banditspec.eagle.objective import Batch, unrolled_loss
+from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, default_aux_layers, save_head3
+from banditspec.eagle.objective import Batch, StepStats, unrolled_loss
+from banditspec.eagle.objective3 import unrolled_loss3
 from banditspec.eagle.selfdistill import DistillSpec
 from banditspec.eagle.vocab import choose_draft_vocab, draft_vocab_scores
 from banditspec.errors import BanditSpecValidationError
@@ -32,8 +36,15 @@ from banditspec.paths import REPO_ROOT
 log = logging.getLogger(__name__)
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2.safetensors"
-DEFAULT_PLOT = REPO_ROOT / "docs" / "eagle" / "loss_curve.png"
+DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle3-smollm2.safetensors"
+EAGLE1_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2.safetensors"
+DEFAULT_PLOT = REPO_ROOT / "docs" / "eagle" / "loss_curve_eagle3.png"
+FORMATS = ("eagle3", "eagle1")
+
+
+def native_bf16() -> bool:
+    """True where CPU bf16 matmuls are fast (AVX-512); on AVX2 they are several times slower."""
+    return "AVX512" in str(torch.backends.cpu.get_cpu_capability())
 
 
 @dataclass(frozen=True)
@@ -49,7 +60,7 @@ class TrainConfig:
     cls_weight: float = 1.0
     step_decay: float = 0.8
     seed: int = 0
-    bf16: bool = True  # CPU bf16 autocast for the matmuls (3-5x faster on AVX512-BF16)
+    bf16: bool = False  # CPU bf16 autocast for the matmuls (3-5x faster on AVX512-BF16, slower on AVX2)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_tokens", "unroll_steps"):
@@ -67,6 +78,7 @@ class TrainResult:
     val_loss: list[float] = field(default_factory=list)  # per unroll step
     val_top1: list[float] = field(default_factory=list)  # per unroll step
     seconds: float = 0.0
+    steps: int = 0  # optimizer steps taken
 
 
 def make_batches(fs: FeatureSet, batch_tokens: int, rng: np.random.Generator) -> list[list[int]]:
@@ -103,14 +115,38 @@ def collate(fs: FeatureSet, indices: list[int]) -> Batch:
     return Batch(tokens, features, counted)
 
 
-def train_head(head: EagleHead, embedding: torch.Tensor, train_set: FeatureSet,
-               val_set: FeatureSet | None, cfg: TrainConfig, progress: bool = True) -> TrainResult:
-    """Train ``head`` in place (the embedding stays frozen); returns the loss history."""
+LossFn = Callable[[Batch, bool], StepStats]  # (batch, training: noise on) -> stats
+
+
+def loss_function(head: EagleHead | Eagle3Head, embedding: torch.Tensor, lm_rows: torch.Tensor | None,
+                  cfg: TrainConfig) -> LossFn:
+    """The unrolled objective of the head's format (EAGLE-3 or EAGLE-1)."""
+    embedding = embedding.detach()
+    if isinstance(head, Eagle3Head):
+        assert lm_rows is not None
+
+        def loss3(batch: Batch, training: bool) -> StepStats:
+            return unrolled_loss3(head, embedding, lm_rows, batch, cfg.unroll_steps, cfg.step_decay)
+
+        return loss3
+
+    def loss1(batch: Batch, training: bool) -> StepStats:
+        return unrolled_loss(head, embedding, batch, cfg.unroll_steps, cfg.noise if training else 0.0,
+                             cfg.cls_weight, cfg.step_decay)
+
+    return loss1
+
+
+def train_head(head: EagleHead | Eagle3Head, loss_fn: LossFn, train_set: FeatureSet,
+               val_set: FeatureSet | None, cfg: TrainConfig, progress: bool = True,
+               max_seconds: float | None = None) -> TrainResult:
+    """Train ``head`` in place (the target's matrices stay frozen); returns the loss history.
+    ``max_seconds``: the learning-rate schedule is stretched over the planned steps, but
+    training stops (and says so in the log) once this much time has passed."""
     from tqdm import tqdm
 
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    embedding = embedding.detach()
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     epochs = [make_batches(train_set, cfg.batch_tokens, rng) for _ in range(cfg.epochs)]
@@ -132,8 +168,7 @@ def train_head(head: EagleHead, embedding: torch.Tensor, train_set: FeatureSet,
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                stats = unrolled_loss(head, embedding, collate(train_set, indices), cfg.unroll_steps,
-                                      cfg.noise, cfg.cls_weight, cfg.step_decay)
+                stats = loss_fn(collate(train_set, indices), True)
             optimizer.zero_grad(set_to_none=True)
             stats.loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -142,25 +177,31 @@ def train_head(head: EagleHead, embedding: torch.Tensor, train_set: FeatureSet,
             bar.set_postfix(loss=f"{result.losses[-1]:.3f}", top1=f"{stats.per_step_top1[0]:.2f}")
             bar.update(1)
             step += 1
+            if max_seconds is not None and time.time() - start > max_seconds:
+                log.warning("training stopped after %d of %d steps: time limit of %.0f s", step,
+                            total_steps, max_seconds)
+                break
+        else:
+            continue
+        break
     bar.close()
+    result.steps = step
     head.eval()
     if val_set is not None and len(val_set):
-        result.val_loss, result.val_top1 = evaluate_head(head, embedding, val_set, cfg)
+        result.val_loss, result.val_top1 = evaluate_head(loss_fn, val_set, cfg)
     result.seconds = time.time() - start
     return result
 
 
 @torch.no_grad()
-def evaluate_head(head: EagleHead, embedding: torch.Tensor, fs: FeatureSet,
-                  cfg: TrainConfig) -> tuple[list[float], list[float]]:
+def evaluate_head(loss_fn: LossFn, fs: FeatureSet, cfg: TrainConfig) -> tuple[list[float], list[float]]:
     """Mean per-step loss and top-1 agreement over ``fs`` (no noise), weighted by batch."""
     rng = np.random.default_rng(0)
     losses = np.zeros(cfg.unroll_steps)
     top1 = np.zeros(cfg.unroll_steps)
     batches = make_batches(fs, cfg.batch_tokens, rng)
     for indices in batches:
-        stats = unrolled_loss(head, embedding, collate(fs, indices), cfg.unroll_steps,
-                              0.0, cfg.cls_weight, cfg.step_decay)
+        stats = loss_fn(collate(fs, indices), False)
         losses += np.asarray(stats.per_step_loss) / len(batches)
         top1 += np.asarray(stats.per_step_top1) / len(batches)
     return losses.round(4).tolist(), top1.round(4).tolist()
@@ -170,7 +211,10 @@ def evaluate_head(head: EagleHead, embedding: torch.Tensor, fs: FeatureSet,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d, ds, c = TrainConfig(), DistillSpec(), CorpusSpec()
     parser.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"))
-    parser.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS, help="weights .safetensors")
+    parser.add_argument("--format", default="eagle3", choices=FORMATS,
+                        help="eagle3: multi-layer features, own LM head (default); eagle1: the older head")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="weights .safetensors (default: the shipped file of the format)")
     parser.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help="loss-curve PNG")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--chat-prompts", type=int, default=ds.chat_prompts,
@@ -178,6 +222,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--code-prompts", type=int, default=ds.code_prompts,
                         help="stdlib 'complete this function' prompts the target answers")
     parser.add_argument("--max-new-tokens", type=int, default=ds.max_new_tokens)
+    parser.add_argument("--distill-batch", type=int, default=ds.batch_size,
+                        help="sequences the target answers together (batched greedy decoding)")
+    parser.add_argument("--distill-workers", type=int, default=2,
+                        help="self-distillation processes of one torch thread each (one per core)")
     parser.add_argument("--text-chat-tokens", type=int, default=c.chat_tokens,
                         help="extra fixed text: ShareGPT train conversations (tokens)")
     parser.add_argument("--text-code-tokens", type=int, default=c.code_tokens,
@@ -189,11 +237,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-tokens", type=int, default=d.batch_tokens)
     parser.add_argument("--lr", type=float, default=d.lr)
     parser.add_argument("--unroll-steps", type=int, default=d.unroll_steps)
-    parser.add_argument("--noise", type=float, default=d.noise)
-    parser.add_argument("--cls-weight", type=float, default=d.cls_weight)
+    parser.add_argument("--noise", type=float, default=d.noise, help="eagle1 only: feature noise")
+    parser.add_argument("--cls-weight", type=float, default=d.cls_weight, help="eagle1 only")
     parser.add_argument("--val-fraction", type=float, default=0.05)
+    parser.add_argument("--max-train-minutes", type=float, default=None,
+                        help="stop training after this long (the schedule still spans every epoch)")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                        help="bf16 autocast (default: only where the CPU has AVX-512)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-progress", action="store_true")
+
+
+def _new_head(args: argparse.Namespace, model, tokenizer, train_set: FeatureSet,
+              embedding: torch.Tensor) -> EagleHead | Eagle3Head:
+    """A fresh head of the requested format with its draft vocabulary chosen."""
+    text_counts = token_frequencies(tokenizer, args.seed)
+    scores = draft_vocab_scores(embedding, train_set, np.asarray(text_counts), args.vocab_sample, args.seed)
+    always = [i for i in (model.config.eos_token_id, tokenizer.eos_token_id) if i is not None]
+    torch.manual_seed(args.seed)
+    if args.format == "eagle1":
+        head1 = EagleHead(EagleConfig.for_target(model.config, args.draft_vocab))
+        head1.draft_vocab = choose_draft_vocab(scores, head1.config.draft_vocab_size, always)
+        return head1
+    head = Eagle3Head(Eagle3Config.for_target(model.config, args.draft_vocab))
+    head.draft_vocab = choose_draft_vocab(scores, head.config.draft_vocab_size, always)
+    with torch.no_grad():  # start from the target's own output layer, restricted to the draft ids
+        head.lm_head.weight.copy_(model.lm_head.weight.detach().float()[head.draft_vocab])
+        head.norm.weight.copy_(model.model.norm.weight.detach().float())
+    return head
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,15 +275,23 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, args.threads))
     began = time.time()
     progress = not args.no_progress
+    out = args.out or (DEFAULT_WEIGHTS if args.format == "eagle3" else EAGLE1_WEIGHTS)
+    model, tokenizer = load_model(args.model)
+    aux = default_aux_layers(model.config.num_hidden_layers) if args.format == "eagle3" else ()
     distill_spec = DistillSpec(chat_prompts=args.chat_prompts, code_prompts=args.code_prompts,
-                               max_new_tokens=args.max_new_tokens, seed=args.seed)
+                               max_new_tokens=args.max_new_tokens, batch_size=args.distill_batch,
+                               seed=args.seed, aux_layers=aux)
     text_spec = CorpusSpec(chat_tokens=args.text_chat_tokens, code_tokens=args.text_code_tokens,
                            seed=args.seed)
+    if aux and text_spec.chat_tokens + text_spec.code_tokens > 0:
+        raise BanditSpecValidationError("text_chat_tokens", "fixed training text has last-layer features only: "
+                                        "use it with --format eagle1")
+    bf16 = native_bf16() if args.bf16 is None else bool(args.bf16)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       unroll_steps=args.unroll_steps, noise=args.noise,
-                      cls_weight=args.cls_weight, seed=args.seed)
-    model, tokenizer = load_model(args.model)
-    fs = training_data(model, tokenizer, args.model, distill_spec, text_spec, progress)
+                      cls_weight=args.cls_weight, seed=args.seed, bf16=bf16)
+    fs = training_data(model, tokenizer, args.model, distill_spec, text_spec, progress,
+                       workers=args.distill_workers)
     data_seconds = time.time() - began
 
     embedding = model.get_input_embeddings().weight.detach().float()
@@ -220,21 +299,20 @@ def run(args: argparse.Namespace) -> int:
     n_val = int(round(len(fs) * args.val_fraction))
     val_set, train_set = fs.subset(sorted(order[:n_val])), fs.subset(sorted(order[n_val:]))
 
-    text_counts = token_frequencies(tokenizer, args.seed)
-    scores = draft_vocab_scores(embedding, train_set, np.asarray(text_counts), args.vocab_sample, args.seed)
-    always = [i for i in (model.config.eos_token_id, tokenizer.eos_token_id) if i is not None]
-    config = EagleConfig.for_target(model.config, args.draft_vocab)
-    torch.manual_seed(args.seed)
-    head = EagleHead(config)
-    head.draft_vocab = choose_draft_vocab(scores, config.draft_vocab_size, always)
-    result = train_head(head, embedding, train_set, val_set, cfg, progress)
+    head = _new_head(args, model, tokenizer, train_set, embedding)
+    lm_rows = model.lm_head.weight.detach().float()[head.draft_vocab].contiguous()
+    loss_fn = loss_function(head, embedding, lm_rows, cfg)
+    limit = None if args.max_train_minutes is None else 60.0 * args.max_train_minutes
+    result = train_head(head, loss_fn, train_set, val_set, cfg, progress, max_seconds=limit)
 
     def counted(s) -> int:
         return int(np.sum(np.maximum(0, np.diff(s.offsets) - 1 - s.loss_from)))
 
+    feature = ("outputs of decoder layers %s (before the final norm), concatenated" % list(aux) if aux
+               else "post-norm last hidden state (LM-head input), as the reference engine returns")
     metadata = {
         "target": args.model,
-        "feature": "post-norm last hidden state (LM-head input), as the reference engine returns",
+        "feature": feature,
         "distill": asdict(distill_spec),
         "text": asdict(text_spec),
         "train": asdict(cfg),
@@ -244,14 +322,18 @@ def run(args: argparse.Namespace) -> int:
                  "draft_vocab_sample": args.vocab_sample},
         "metrics": {"val_loss_per_step": result.val_loss, "val_top1_per_step": result.val_top1,
                     "final_train_loss": round(float(np.mean(result.losses[-20:])), 4),
+                    "optimizer_steps": result.steps,
                     "data_seconds": round(data_seconds, 1),
                     "train_seconds": round(result.seconds, 1),
                     "threads": args.threads},
     }
-    save_head(head, args.out, metadata)
-    plot_losses(result.losses, args.plot, title=f"Eagle head on {args.model}: training loss")
+    if isinstance(head, Eagle3Head):
+        save_head3(head, out, metadata)
+    else:
+        save_head(head, out, metadata)
+    plot_losses(result.losses, args.plot, title=f"{args.format} head on {args.model}: training loss")
     print(json.dumps(metadata["metrics"], indent=2))
-    print(f"saved {args.out} and {args.plot}")
+    print(f"saved {out} and {args.plot}")
     return 0
 
 

@@ -31,14 +31,15 @@ def choose_draft_vocab(scores: np.ndarray, size: int, always: list[int]) -> torc
 @torch.no_grad()
 def target_argmax_counts(embedding: torch.Tensor, fs: FeatureSet, sample: int, seed: int) -> np.ndarray:
     """int64 [V]: how often each id is the target's greedy choice, over ``sample`` random
-    positions of ``fs`` (LM head in bf16; the features are the LM-head inputs)."""
+    positions of ``fs`` (the LAST H columns of a feature row are the LM-head input)."""
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.choice(len(fs.features), size=min(sample, len(fs.features)), replace=False))
-    weights = embedding.to(torch.bfloat16)
+    hidden = embedding.shape[1]
+    weights = embedding.float()
     counts = np.zeros(embedding.shape[0], dtype=np.int64)
     for start in range(0, len(rows), 2048):
-        chunk = torch.from_numpy(fs.features[rows[start:start + 2048]].astype(np.float32))
-        top = (chunk.to(torch.bfloat16) @ weights.T).argmax(-1).numpy()
+        chunk = torch.from_numpy(fs.features[rows[start:start + 2048], -hidden:].astype(np.float32))
+        top = (chunk @ weights.T).argmax(-1).numpy()
         counts += np.bincount(top, minlength=len(counts))
     return counts
 

@@ -38,6 +38,9 @@ class VerifyRequest:
     hidden_from: -1 = no hidden states; else also return the target's last hidden states
                  for positions hidden_from .. len(input_ids)-1+num_accepted (Eagle). A decoding
                  loop asks for 0 on its first call and len(input_ids)-1 afterwards.
+    hidden_layers: which states: () = the last post-norm hidden state (EAGLE-1); else the
+                 outputs of these decoder layers (residual stream, before the final norm),
+                 concatenated per position in this order (EAGLE-3: low, middle, high layer).
     """
 
     input_ids: np.ndarray
@@ -47,6 +50,7 @@ class VerifyRequest:
     seed: int = 0
     end_id: int = -1
     hidden_from: int = -1
+    hidden_layers: tuple[int, ...] = ()
 
 
 @dataclass
@@ -61,8 +65,9 @@ class VerifyResult:
                    plain decoding by the target, as valid as the rest. The reference engine
                    returns exactly num_accepted + 1.
     num_accepted:  number of draft tokens accepted (0..gamma)
-    hidden_states: float32 [len(input_ids) - hidden_from + num_accepted, hidden] or None: the
-                   target's last-layer (post-norm, LM-head input) hidden state at positions
+    hidden_states: float32 [len(input_ids) - hidden_from + num_accepted, F] or None: the
+                   target's states asked by ``hidden_layers`` (F = hidden for the last-layer,
+                   post-norm LM-head input; len(hidden_layers) * hidden otherwise) at positions
                    hidden_from .. len(input_ids)-1+num_accepted; row j is the state that produced
                    the token at position hidden_from + j + 1. So its LAST num_accepted + 1 rows
                    produced output_ids, and any leading rows produced input_ids[hidden_from+1:].
@@ -106,6 +111,7 @@ TARGET_OUTPUTS: dict[str, tuple[str, list[int]]] = {
 # Reference-engine extras, requested only from a target that declares them.
 REFERENCE_EXTRA_INPUTS: dict[str, tuple[str, list[int]]] = {
     "hidden_states_from": ("TYPE_INT32", [1]),
+    "hidden_states_layers": ("TYPE_INT32", [-1]),
 }
 REFERENCE_EXTRA_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "hidden_states": ("TYPE_FP32", [-1, -1]),

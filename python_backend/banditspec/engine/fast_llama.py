@@ -17,7 +17,8 @@ Shapes (B = batch, T = new tokens, C = cached tokens, H = hidden, hd = head dim)
   past: per layer (keys, values) float32 [B, kv_heads, C, hd], or None (C = 0)
   key_mask: bool [B, C + T] (True = a real token) or None (no padding)
   returns hidden float32 [B, T, H] (after the final norm) and per layer (keys, values)
-  float32 [B, kv_heads, C + T, hd]
+  float32 [B, kv_heads, C + T, hd]; ``forward_capture`` also the outputs of chosen decoder
+  layers, float32 [B, T, H] each (EAGLE-3 features)
 """
 
 from __future__ import annotations
@@ -234,7 +235,21 @@ class FastLlama:
         past: list[LayerKV] | None,
         key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[LayerKV]]:
+        hidden, layers, _ = self.forward_capture(input_ids, position_ids, past, key_mask)
+        return hidden, layers
+
+    def forward_capture(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: list[LayerKV] | None,
+        key_mask: torch.Tensor | None = None,
+        capture: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[LayerKV], list[torch.Tensor]]:
+        """:meth:`forward`, plus the outputs of decoder layers ``capture`` (residual stream,
+        before the final norm; float32 [B, T, H] each, in the order asked): EAGLE-3's features."""
         batch, fresh = input_ids.shape
+        captured: dict[int, torch.Tensor] = {}
         cached = past[0][0].shape[2] if past else 0
         heads, kv_heads, hd = self.num_heads, self.kv_heads, self.head_dim
         x = F.embedding(input_ids, self.embed)  # [B, T, H]
@@ -274,4 +289,6 @@ class FastLlama:
             h = self._norm(x, layer.post_norm)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        return self._norm(x, self.final_norm), new_layers
+            if index in capture:
+                captured[index] = x
+        return self._norm(x, self.final_norm), new_layers, [captured[i] for i in capture]

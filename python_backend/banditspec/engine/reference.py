@@ -75,9 +75,11 @@ class CheckedRequest:
     seed: int
     end_id: int
     hidden_from: int
+    hidden_layers: tuple[int, ...] = ()
 
 
-def validate_request(request: VerifyRequest, vocab_size: int, max_context: int) -> CheckedRequest:
+def validate_request(request: VerifyRequest, vocab_size: int, max_context: int,
+                     num_layers: int | None = None) -> CheckedRequest:
     """Check one request; raise :class:`BanditSpecValidationError` naming the bad field."""
     input_ids = _token_ids(request.input_ids, "input_ids", vocab_size)
     draft_ids = _token_ids(request.draft_ids, "draft_input_ids", vocab_size)
@@ -103,12 +105,21 @@ def validate_request(request: VerifyRequest, vocab_size: int, max_context: int) 
         raise BanditSpecValidationError(
             "hidden_from", f"must be -1 or in [0, {len(input_ids) - 1}], got {request.hidden_from}"
         )
+    layers = tuple(getattr(request, "hidden_layers", ()) or ())
+    if any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) for a in layers):
+        raise BanditSpecValidationError("hidden_states_layers", f"must be layer indices, got {layers!r}")
+    if num_layers is not None and any(not 0 <= int(a) < num_layers - 1 for a in layers):
+        raise BanditSpecValidationError(
+            "hidden_states_layers", f"layer indices must lie in [0, {num_layers - 2}], got {list(layers)}")
+    if len(set(layers)) != len(layers):
+        raise BanditSpecValidationError("hidden_states_layers", f"repeats a layer: {list(layers)}")
     draft_probs = None
     if request.draft_probs is not None and temperature > 0:
         draft_probs = _draft_distribution(request.draft_probs, len(draft_ids), vocab_size)
     return CheckedRequest(
         input_ids, draft_ids, draft_probs, float(temperature),
         int(request.seed), int(request.end_id), int(request.hidden_from),
+        tuple(int(a) for a in layers),
     )
 
 
@@ -166,7 +177,8 @@ class _Job:
 class _RowOutput:
     """Forward output of one sequence.
 
-    hidden: float32 [n_new, hidden] states at positions start .. start + n_new - 1.
+    hidden: float32 [n_new, F] states at positions start .. start + n_new - 1 (the last
+            post-norm state, or the asked layers' outputs concatenated; see _forward).
     logits: float32 [gamma + 1, vocab] at positions seq_len - 1 .. seq_len - 1 + gamma.
     layers: per layer (keys, values) float32 [1, kv_heads, start + n_new, head_dim].
     """
@@ -236,6 +248,7 @@ class ReferenceEngine:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._head_dim = int(head_dim)
         self._dtype = next(model.parameters()).dtype
+        self._num_layers = int(config.num_hidden_layers)
         if kernels not in KERNELS:
             raise BanditSpecValidationError("kernels", f"must be one of {', '.join(KERNELS)}, got {kernels!r}")
         self.kernels = kernels
@@ -293,7 +306,8 @@ class ReferenceEngine:
         Every request is validated before anything runs; a bad one raises
         :class:`BanditSpecValidationError` naming the field.
         """
-        checked = [validate_request(request, self.vocab_size, self.max_context) for request in requests]
+        checked = [validate_request(request, self.vocab_size, self.max_context, self._num_layers)
+                   for request in requests]
         if not checked:
             return []
         with self._lock, torch.inference_mode():
@@ -325,10 +339,15 @@ class ReferenceEngine:
             position_ids[b] = torch.arange(cached[b], cached[b] + max_fresh)
             attention_mask[b, max_cached - cached[b] : max_cached + fresh[b]] = 1
         ragged = batch > 1 and (min(cached) != max_cached or min(fresh) != max_fresh)
+        # Decoder-layer outputs asked for (EAGLE-3 features): computed only when a job wants them.
+        capture = tuple(sorted({a for job in jobs if job.request.hidden_from >= 0
+                                for a in job.request.hidden_layers}))
+        captured: list[torch.Tensor] = []
         if self._fast is not None:
             past = self._batched_layers(jobs, max_cached)
             key_mask = attention_mask.bool() if ragged else None
-            hidden, new_layers = self._fast.forward(input_ids, position_ids, past, key_mask)
+            hidden, new_layers, captured = self._fast.forward_capture(
+                input_ids, position_ids, past, key_mask, capture)
         else:
             output = self.model.model(
                 input_ids=input_ids,
@@ -336,8 +355,11 @@ class ReferenceEngine:
                 position_ids=position_ids,
                 cache=self._batched_cache(jobs, max_cached),
                 use_cache=True,
+                output_hidden_states=bool(capture),
             )
             hidden, new_layers = output.last_hidden_state, cache_layers(output.cache)
+            # transformers: hidden_states[i + 1] is the output of decoder layer i
+            captured = [output.hidden_states[a + 1] for a in capture]
         self.forward_passes += 1
         self.positions_computed += sum(fresh)
         self.padded_positions += batch * max_fresh - sum(fresh)
@@ -349,7 +371,19 @@ class ReferenceEngine:
         logits = self._lm_head(decision_rows).float().split([job.gamma + 1 for job in jobs])
         layers = [self._row_layers(new_layers, b, batch, max_cached - cached[b], max_cached + fresh[b])
                   for b in range(batch)]
-        return [_RowOutput(hidden[b, : fresh[b]], logits[b], layers[b]) for b in range(batch)]
+        states = [self._states(job, hidden[b, : fresh[b]], capture, [c[b, : fresh[b]] for c in captured])
+                  for b, job in enumerate(jobs)]
+        return [_RowOutput(states[b], logits[b], layers[b]) for b in range(batch)]
+
+    @staticmethod
+    def _states(job: _Job, last: torch.Tensor, capture: tuple[int, ...],
+                captured: list[torch.Tensor]) -> torch.Tensor:
+        """The hidden states a job asked for, float32 [n_new, F]: ``last`` (post-norm) when it
+        named no layers, else its layers' outputs concatenated in its order."""
+        layers = job.request.hidden_layers
+        if job.request.hidden_from < 0 or not layers:
+            return last
+        return torch.cat([captured[capture.index(a)] for a in layers], dim=-1)
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: float32 [rows, hidden] -> logits float32 [rows, vocab]."""

@@ -58,6 +58,8 @@ def encode_request(req: VerifyRequest, *, with_reference_extras: bool, tensorrtl
         tensors["return_perf_metrics"] = np.array([[True]], dtype=bool)
     if with_reference_extras and req.hidden_from >= 0:
         tensors["hidden_states_from"] = np.array([[req.hidden_from]], dtype=np.int32)
+        if req.hidden_layers:
+            tensors["hidden_states_layers"] = np.asarray(req.hidden_layers, dtype=np.int32).reshape(1, -1)
     return tensors
 
 
@@ -98,7 +100,18 @@ def decode_request(tensors: Mapping[str, np.ndarray]) -> VerifyRequest:
         seed=scalar_input(tensors, "seed", 0, int),
         end_id=scalar_input(tensors, "end_id", -1, int),
         hidden_from=scalar_input(tensors, "hidden_states_from", -1, int),
+        hidden_layers=_layer_list(tensors.get("hidden_states_layers")),
     )
+
+
+def _layer_list(value) -> tuple[int, ...]:
+    """``hidden_states_layers``: decoder-layer indices (any integer array, batch dim allowed)."""
+    if value is None:
+        return ()
+    array = np.asarray(value)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise BanditSpecValidationError("hidden_states_layers", f"must be integers, got {array.dtype}")
+    return tuple(int(a) for a in array.reshape(-1))
 
 
 def encode_result(result: VerifyResult) -> Tensors:

@@ -1,0 +1,77 @@
+"""Training objective of the EAGLE-3 head: training-time test over several draft steps.
+
+Step 1: pair i = (E[x_{i+1}], g_i = fc(a_i)) gives the head's state s1_i, whose logits
+predict x_{i+2}. Step s > 1 feeds the head its own state from step s - 1 at the previous
+position instead of g (pair i = (E[x_{i+1}], s_{s-1, i-1})), exactly the context the s-th
+chained draft token sees at inference: it attends to the real pairs 0 .. i-s+1 of step 1,
+the step-r pair at position i-s+r for 2 <= r < s, and itself (:func:`unrolled_mask`).
+
+Loss per step: cross-entropy between the target's next-token distribution over the draft
+vocabulary (softmax of the target's logits at position i+1 restricted to the draft ids,
+from the stored post-norm feature) and the head's, averaged over counted pairs; EAGLE-3
+drops EAGLE-1's feature regression. Step s weighs ``step_decay ** (s - 1)``.
+
+Feature rows (:mod:`.selfdistill` with ``aux_layers``): ``[a_i (k * H) ; f_i (H)]``, f_i the
+post-norm last hidden state (LM-head input).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from banditspec.eagle.head3 import Eagle3Head
+from banditspec.eagle.objective import Batch, StepStats, unrolled_mask
+
+
+def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tensor,
+                    steps: int) -> list[torch.Tensor]:
+    """Own hidden states [B, N, H] of steps 1..steps.
+
+    embeddings: E[x_{i+1}] [B, N, H]; aux: a_i [B, N, k * H]. Element i of step s predicts
+    x_{i+2} when it is the s-th draft token made from position i - s + 1 (valid for i >= s - 1).
+    """
+    n = aux.shape[1]
+    positions = torch.arange(n)
+    fused = head.project(aux)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    states: list[torch.Tensor] = []
+    for step in range(1, steps + 1):
+        hidden = fused if step == 1 else torch.cat([fused[:, :1], states[-1][:, :-1]], dim=1)
+        q, k, v = head.qkv(embeddings, hidden, positions)
+        keys.append(k)
+        values.append(v)
+        attn = head.attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), unrolled_mask(n, step))
+        states.append(head.finish(hidden, attn))
+    return states
+
+
+def unrolled_loss3(head: Eagle3Head, embedding: torch.Tensor, lm_rows: torch.Tensor, batch: Batch,
+                   steps: int, step_decay: float = 0.8) -> StepStats:
+    """embedding: float32 [V, H] (the target's frozen embedding); lm_rows: float32 [K, H], the
+    target's LM-head rows of the draft vocabulary (teacher logits). batch.features: [B, T, (k+1) H]."""
+    hidden_size = head.config.hidden_size
+    aux = batch.features[:, :-1, :-hidden_size]  # a_i, pairs i = 0 .. T-2
+    final = batch.features[:, 1:, -hidden_size:]  # f_{i+1}: the target's state that decides x_{i+2}
+    with torch.no_grad():
+        teacher_logits = final @ lm_rows.T  # [B, T-1, K]
+        teacher_probs = teacher_logits.float().softmax(-1)
+        teacher_top1 = teacher_logits.argmax(-1)
+    states = unrolled_states(head, embedding[batch.tokens[:, 1:]], aux, steps)
+    total = torch.zeros(())
+    weight_sum = 0.0
+    per_loss, per_top1 = [], []
+    for step, state in enumerate(states, start=1):
+        counted = batch.counted.clone()
+        counted[:, : step - 1] = False
+        denom = counted.sum().clamp(min=1)
+        logits = head.logits(state).float()
+        cls = -(teacher_probs * logits.log_softmax(-1)).sum(-1)
+        loss = (cls * counted).sum() / denom
+        w = step_decay ** (step - 1)
+        total = total + w * loss
+        weight_sum += w
+        per_loss.append(float(loss.detach()))
+        agree = (logits.detach().argmax(-1) == teacher_top1) & counted
+        per_top1.append(float(agree.sum() / denom))
+    return StepStats(total / weight_sum, per_loss, per_top1)

@@ -1,0 +1,279 @@
+"""The EAGLE-3 head: multi-layer target features through the engine contract, training-time
+test equal to chain drafting, the drafter over it (lossless), checkpoint export.
+
+A random 6-layer Llama (hidden 64, vocabulary 512) stands in for the target; the tests of the
+shipped weights on SmolLM2 are in test_eagle.py and tests/slow.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from banditspec.drafters.eagle import EagleDrafter
+from banditspec.eagle.evaluate import greedy_speculative
+from banditspec.eagle.features import FeatureSet
+from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, default_aux_layers, export_upstream, load_head3, save_head3
+from banditspec.eagle.objective import Batch
+from banditspec.eagle.objective3 import unrolled_loss3, unrolled_states
+from banditspec.eagle.train import TrainConfig, evaluate_head, loss_function, train_head
+from banditspec.engine.contract import VerifyRequest
+from banditspec.engine.reference import ReferenceEngine
+from banditspec.engine.tensor_codec import decode_request, encode_request
+from banditspec.errors import BanditSpecValidationError
+
+torch.set_num_threads(1)
+LAYERS = (1, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+def make_head(model, draft_vocab: int = 128, seed: int = 0, scale: float = 0.3) -> Eagle3Head:
+    torch.manual_seed(seed)
+    head = Eagle3Head(Eagle3Config.for_target(model.config, draft_vocab, aux_layers=LAYERS))
+    with torch.no_grad():  # larger weights than the init so that proposals vary with input
+        for p in head.parameters():
+            if p.ndim == 2:
+                p.normal_(0, scale)
+    head.draft_vocab = torch.randperm(model.config.vocab_size)[:draft_vocab]
+    return head.eval()
+
+
+@torch.inference_mode()
+def layer_outputs(model, ids, layers=LAYERS) -> np.ndarray:
+    """float32 [len(ids), k * H]: the outputs of decoder layers ``layers`` (transformers)."""
+    out = model.model(input_ids=torch.tensor([list(ids)]), output_hidden_states=True)
+    return torch.cat([out.hidden_states[a + 1][0] for a in layers], dim=-1).numpy()
+
+
+def random_ids(n: int, seed: int, vocab: int = 512) -> list[int]:
+    return np.random.default_rng(seed).integers(3, vocab, size=n).tolist()
+
+
+# --- config and head --------------------------------------------------------------------
+def test_config_names_the_bad_field():
+    with pytest.raises(BanditSpecValidationError, match="aux_layers"):
+        Eagle3Config(aux_layers=(1, 29), target_num_layers=30)  # the last layer's output is no aux state
+    with pytest.raises(BanditSpecValidationError, match="aux_layers"):
+        Eagle3Config(aux_layers=())
+    with pytest.raises(BanditSpecValidationError, match="draft_vocab_size"):
+        Eagle3Config(draft_vocab_size=60000)
+    assert default_aux_layers(30) == (1, 14, 26)  # TensorRT-LLM's {1, L//2 - 1, L - 4}
+    assert Eagle3Config(aux_layers=[1, 14, 26]).feature_size == 3 * 576
+
+
+def test_training_time_test_equals_chain_drafting(target):
+    """Step s of training at pair i == drafting the s-th token after the real pairs 0..i-s+1."""
+    head = make_head(target)
+    n = 10
+    emb = torch.randn(1, n, 64)
+    aux = torch.randn(1, n, 3 * 64)
+    with torch.no_grad():
+        states = unrolled_states(head, emb, aux, steps=3)
+        i = 7
+        real = i - 2  # the last real pair of a 3-token chain ending at pair i
+        s1, k, v = head.step(emb[:, : real + 1], head.project(aux[:, : real + 1]), *head.empty_cache())
+        s2, k, v = head.step(emb[:, real + 1: real + 2], s1[:, -1:], k, v)
+        s3, _, _ = head.step(emb[:, i: i + 1], s2, k, v)
+    torch.testing.assert_close(s1[:, -1], states[0][:, real], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s2[:, 0], states[1][:, real + 1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s3[:, 0], states[2][:, i], rtol=1e-4, atol=1e-4)
+
+
+def test_save_load_and_upstream_export(target, tmp_path):
+    head = make_head(target)
+    path = tmp_path / "head3.safetensors"
+    save_head3(head, path, {"note": "x"})
+    loaded = load_head3(path)
+    assert loaded.config == head.config and torch.equal(loaded.draft_vocab, head.draft_vocab)
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        torch.testing.assert_close(b.float(), a.float(), rtol=1e-2, atol=1e-2, msg=name)
+    from safetensors.torch import load_file
+
+    folder = export_upstream(head, target.config, tmp_path / "upstream")
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert tensors["fc.weight"].shape == (64, 3 * 64)
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape == (64, 128)  # attention reads [emb ; hidden]
+    assert {"midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight", "norm.weight",
+            "lm_head.weight"} <= set(tensors)
+    d2t, t2d = tensors["d2t"], tensors["t2d"]
+    assert torch.equal(torch.arange(len(d2t)) + d2t, head.draft_vocab)  # target id = d + d2t[d]
+    assert int(t2d.sum()) == 128 and bool(t2d[head.draft_vocab].all())
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 128
+    assert config["eagle_aux_hidden_state_layer_ids"] == [a + 1 for a in LAYERS]  # vLLM: input of layer j
+
+
+# --- the engine contract ------------------------------------------------------------------
+@pytest.mark.parametrize("kernels", ["fast", "transformers"])
+def test_engine_returns_the_asked_layers(target, kernels):
+    engine = ReferenceEngine(target, max_context=256, kernels=kernels)
+    ids = random_ids(20, seed=1)
+    expected = layer_outputs(target, ids)
+    (first,) = engine.verify([VerifyRequest(np.asarray(ids[:12], np.int32), hidden_from=0, hidden_layers=LAYERS)])
+    assert first.hidden_states.shape == (12, 3 * 64)
+    np.testing.assert_allclose(first.hidden_states, expected[:12], rtol=1e-4, atol=1e-4)
+    # next step, with a draft: rows hidden_from .. len(input)-1+accepted, layers in the order asked
+    order = (4, 1)
+    (step,) = engine.verify([VerifyRequest(np.asarray(ids[:13], np.int32), np.asarray(ids[13:16], np.int32),
+                                           hidden_from=12, hidden_layers=order)])
+    rows = 1 + step.num_accepted
+    assert step.hidden_states.shape == (rows, 2 * 64)
+    reference = layer_outputs(target, ids[:13] + list(step.output_ids[:-1]) or ids[:13], order)
+    np.testing.assert_allclose(step.hidden_states, reference[12: 12 + rows], rtol=1e-4, atol=1e-4)
+    # absent layers: the last post-norm state, as before
+    (plain,) = engine.verify([VerifyRequest(np.asarray(ids[:5], np.int32), hidden_from=0)])
+    assert plain.hidden_states.shape == (5, 64)
+
+
+def test_engine_batches_requests_asking_different_states(target):
+    engine = ReferenceEngine(target, max_context=256)
+    a, b = random_ids(9, seed=2), random_ids(14, seed=3)
+    both = engine.verify([VerifyRequest(np.asarray(a, np.int32), hidden_from=0, hidden_layers=(2,)),
+                          VerifyRequest(np.asarray(b, np.int32), hidden_from=0)])
+    np.testing.assert_allclose(both[0].hidden_states, layer_outputs(target, a, (2,)), rtol=1e-4, atol=1e-4)
+    assert both[1].hidden_states.shape == (14, 64)
+
+
+def test_engine_rejects_bad_layers_by_name(target):
+    engine = ReferenceEngine(target, max_context=256)
+    for bad in [(5,), (-1,), (1, 1), (True,)]:  # layer 5 is the last: its output is not a feature
+        with pytest.raises(BanditSpecValidationError, match="hidden_states_layers"):
+            engine.verify([VerifyRequest(np.asarray([3, 4], np.int32), hidden_from=0, hidden_layers=bad)])
+
+
+def test_codec_carries_the_layers():
+    request = VerifyRequest(np.asarray([5, 6, 7], np.int32), hidden_from=1, hidden_layers=(1, 14, 26))
+    tensors = encode_request(request, with_reference_extras=True)
+    assert tensors["hidden_states_layers"].tolist() == [[1, 14, 26]]
+    decoded = decode_request({k: v[0] for k, v in tensors.items()})
+    assert decoded.hidden_layers == (1, 14, 26) and decoded.hidden_from == 1
+    assert "hidden_states_layers" not in encode_request(VerifyRequest(np.asarray([5], np.int32), hidden_from=0),
+                                                        with_reference_extras=True)
+    with pytest.raises(BanditSpecValidationError, match="hidden_states_layers"):
+        decode_request({"input_ids": np.asarray([5]), "hidden_states_layers": np.asarray([1.5])})
+
+
+# --- the drafter --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def drafter(target):
+    return EagleDrafter(make_head(target), target.get_input_embeddings().weight)
+
+
+def test_drafter_asks_for_its_layers_and_checks_the_width(drafter):
+    assert drafter.feature_layers == LAYERS and drafter.feature_size == 3 * 64
+    session = drafter.start(random_ids(8, seed=4))
+    with pytest.raises(BanditSpecValidationError, match="hidden_states"):
+        session.observe([9], np.zeros((8, 64), dtype=np.float32))  # last-layer width: not this head's
+
+
+def test_speculative_loop_output_equals_plain_greedy(drafter, target):
+    prompt = random_ids(12, seed=6)
+    plain = greedy_speculative(target, drafter, prompt, gamma=0, max_new_tokens=24, eos_id=None)
+    spec = greedy_speculative(target, drafter, prompt, gamma=4, max_new_tokens=24, eos_id=None)
+    assert spec.output_ids == plain.output_ids and len(plain.output_ids) == 24
+    assert max(spec.proposed) == 4
+
+
+def test_decoding_loop_with_eagle3_is_lossless_and_feeds_the_head(target, drafter):
+    from banditspec.config import GenerationRequest
+    from banditspec.decoding import SpeculativeDecoder, run_to_completion
+
+    engine = ReferenceEngine(target, max_context=256)
+    decoder = SpeculativeDecoder.for_engine(engine, {"eagle": drafter})
+    prompt = random_ids(10, seed=8)
+
+    def run(policy: str):
+        request = GenerationRequest(prompt, max_tokens=20, policy=policy, arms=["eagle@3"], max_draft_len=3)
+        return run_to_completion(engine, decoder.start(request))
+
+    plain, spec = run("vanilla"), run("fixed:eagle@3")
+    assert spec.token_ids == plain.token_ids and len(plain.token_ids) == 20
+    assert sum(spec.stats.drafted) > 0  # the head got its features and proposed
+
+
+# --- training -----------------------------------------------------------------------------
+def feature_set(model, n_seqs: int, length: int, seed: int) -> FeatureSet:
+    """Rows [layers LAYERS ; last post-norm] like selfdistill with aux_layers."""
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(3, 512, size=30)  # a repetitive source: something to learn in a few steps
+    seqs = [pool[rng.integers(0, 30, size=length)] for _ in range(n_seqs)]
+    rows = []
+    for s in seqs:
+        with torch.inference_mode():
+            out = model.model(input_ids=torch.tensor([s.tolist()]), output_hidden_states=True)
+        rows.append(torch.cat([out.hidden_states[a + 1][0] for a in LAYERS] + [out.last_hidden_state[0]], -1))
+    return FeatureSet(
+        tokens=np.concatenate(seqs).astype(np.int32),
+        features=torch.cat(rows).to(torch.float16).numpy(),
+        offsets=np.arange(0, (n_seqs + 1) * length, length, dtype=np.int64),
+        loss_from=np.zeros(n_seqs, dtype=np.int32),
+        kinds=np.array(["chat"] * n_seqs),
+    )
+
+
+def test_tiny_training_reduces_loss_on_every_step(target):
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, 512, aux_layers=LAYERS))
+    embedding = target.get_input_embeddings().weight.detach()
+    lm_rows = target.lm_head.weight.detach()[head.draft_vocab]
+    train_set = feature_set(target, 16, 24, seed=7)
+    cfg = TrainConfig(epochs=6, batch_tokens=96, lr=3e-3, warmup=3, unroll_steps=2)
+    loss_fn = loss_function(head, embedding, lm_rows, cfg)
+    before, top1_before = evaluate_head(loss_fn, train_set, cfg)
+    result = train_head(head, loss_fn, train_set, None, cfg, progress=False)
+    after, top1_after = evaluate_head(loss_fn, train_set, cfg)
+    assert result.steps == len(result.losses) >= 20
+    # the soft-label cross-entropy has the (random) teacher's entropy as its floor, ~5.5 nats
+    # here: it fell 0.42 / 0.40 nats and top-1 agreement rose from 0 to 0.14 / 0.13 when written
+    assert after[0] < before[0] - 0.25 and after[1] < before[1] - 0.25
+    assert top1_after[0] > top1_before[0] + 0.08 and top1_after[1] > top1_before[1] + 0.08
+    batch = Batch(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, 4 * 64), torch.ones(1, 2, dtype=torch.bool))
+    assert len(unrolled_loss3(head, embedding, lm_rows, batch, steps=2).per_step_loss) == 2
+
+
+# --- the shipped head ---------------------------------------------------------------------
+def test_shipped_head_is_eagle3_and_fits_smollm2():
+    from banditspec.drafters.eagle import DEFAULT_WEIGHTS, EAGLE3_WEIGHTS, head_feature_layers, head_min_confidence
+
+    assert EAGLE3_WEIGHTS.exists() and EAGLE3_WEIGHTS.stat().st_size < 20 * 2**20
+    head = load_head3(EAGLE3_WEIGHTS)
+    c = head.config
+    assert (c.hidden_size, c.target_vocab_size, c.target_num_layers) == (576, 49152, 30)
+    assert c.aux_layers == (1, 14, 26) == head_feature_layers(EAGLE3_WEIGHTS)
+    assert head_feature_layers(DEFAULT_WEIGHTS) == ()  # the served EAGLE-1 head reads the last state
+    vocab = head.draft_vocab
+    assert len(vocab) == c.draft_vocab_size == len(set(vocab.tolist()))
+    info = json.loads(EAGLE3_WEIGHTS.with_suffix(".json").read_text())
+    assert info["format"] == "eagle3" and info["distill"]["aux_layers"] == [1, 14, 26]
+    assert head_min_confidence(EAGLE3_WEIGHTS) == info["min_confidence"] == 0.3
+
+
+@pytest.mark.slow
+def test_shipped_head_drafts_accepted_tokens_on_smollm2():
+    from banditspec.datasets import sharegpt_split
+    from banditspec.drafters.eagle import EAGLE3_WEIGHTS, load_default_eagle_drafter
+    from banditspec.engine.models import load_model
+    from banditspec.text import prompt_ids
+
+    model, tokenizer = load_model("smollm2")
+    drafter = load_default_eagle_drafter(model, EAGLE3_WEIGHTS, min_confidence=0.0)  # full-length drafts
+    assert drafter.feature_layers == (1, 14, 26)
+    question = sharegpt_split("eval")[3][0][1][:400]  # held out: the head trains on the train split
+    ids = prompt_ids(tokenizer, question, chat=True)
+    plain = greedy_speculative(model, drafter, ids, 0, 40, tokenizer.eos_token_id)
+    spec = greedy_speculative(model, drafter, ids, 4, 40, tokenizer.eos_token_id)
+    assert spec.output_ids == plain.output_ids
+    assert spec.mean_accepted_tokens > 1.5  # a random head gets ~1.0
