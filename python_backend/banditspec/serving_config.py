@@ -114,7 +114,7 @@ class ServingConfig:
             max_context=p.integer("max_context", 2048, low=1),
             drafters=p.names("drafters", "pld,suffix,rest"),
             eagle_model=p.text("eagle_model", "").strip(),
-            eagle_head=_eagle_head(p.text("eagle_head", "")),
+            eagle_head=check_eagle_head(p.text("eagle_head", "")),
             rest_datastore=None if datastore in ("", "default") else Path(datastore),
             draft_name=p.text("draft_name", "draft"),
             drafter_plugin=Path(plugin) if (plugin := p.text("drafter_plugin", "").strip()) else None,
@@ -186,13 +186,16 @@ class EagleModelConfig:
             max_draft_len_limit=p.integer("max_draft_len_limit", 16),
             min_confidence=None if raw_confidence in (None, "") else p.number("min_confidence", 0.0),
             torch_threads=p.integer("torch_threads", 1),
-            eagle_head=_eagle_head(p.text("eagle_head", "")),
+            eagle_head=check_eagle_head(p.text("eagle_head", "")),
         )
 
 
-def _eagle_head(name: str) -> str:
+EAGLE_HEADS = ("eagle1", "eagle3")  # the shipped Eagle heads (banditspec.drafters.eagle.HEADS)
+
+
+def check_eagle_head(name: str) -> str:
     """A shipped head's name, checked: "" | eagle1 | eagle3 (error names ``eagle_head``)."""
     name = name.strip()
-    if name not in ("", "eagle1", "eagle3"):
-        raise BanditSpecValidationError("eagle_head", f"unknown head {name!r}; choose from eagle1, eagle3 or \"\"")
+    if name and name not in EAGLE_HEADS:
+        raise BanditSpecValidationError("eagle_head", f"unknown head {name!r}; choose from {', '.join(EAGLE_HEADS)} or \"\"")
     return name

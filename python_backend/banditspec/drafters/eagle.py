@@ -24,8 +24,9 @@ import torch
 
 from banditspec.drafters.base import Draft
 from banditspec.eagle.head import EagleHead, load_head
-from banditspec.eagle.head3 import Eagle3Head, head_format, load_head3
+from banditspec.eagle.head3 import Eagle3Head, head_format, head_info, load_head3
 from banditspec.errors import BanditSpecValidationError
+from banditspec.serving_config import EAGLE_HEADS, check_eagle_head
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "eagle" / "weights"
 EAGLE1_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2.safetensors"
@@ -34,16 +35,13 @@ EAGLE3_WEIGHTS = WEIGHTS_DIR / "eagle3-smollm2.safetensors"
 # prompts it accepts no more than the EAGLE-1 head (engine_build/eagle/README.md, "Results"),
 # so EAGLE-1 stays the default until a better-trained EAGLE-3 head beats it.
 DEFAULT_WEIGHTS = EAGLE1_WEIGHTS
-HEADS = {"eagle1": EAGLE1_WEIGHTS, "eagle3": EAGLE3_WEIGHTS}
+HEADS = dict(zip(EAGLE_HEADS, (EAGLE1_WEIGHTS, EAGLE3_WEIGHTS)))
 
 
 def head_weights(name: str = "") -> Path:
     """The weights of a shipped head by name ("" = the default, "eagle1", "eagle3")."""
-    if name in ("", None):
-        return DEFAULT_WEIGHTS
-    if name not in HEADS:
-        raise BanditSpecValidationError("eagle_head", f"unknown head {name!r}; choose from {', '.join(HEADS)} or \"\"")
-    return HEADS[name]
+    name = check_eagle_head(name or "")
+    return HEADS[name] if name else DEFAULT_WEIGHTS
 
 
 # see EagleDrafter; chosen by engine_build/eagle/tune_confidence.py (README there). A head's
@@ -77,9 +75,8 @@ class EagleDrafter:
         self.head = head.eval()
         self.embedding = embedding.detach().to(torch.float32)
         self.draft_vocab = head.draft_vocab.to(torch.int64)
-        self.eagle3 = isinstance(head, Eagle3Head)
         # EAGLE-1 scores drafts with the target's own LM-head rows; EAGLE-3 has its own LM head
-        self.lm_rows = None if self.eagle3 else self.embedding[self.draft_vocab].contiguous()  # [K, H]
+        self.lm_rows = None if isinstance(head, Eagle3Head) else self.embedding[self.draft_vocab].contiguous()  # [K, H]
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         # Which target states a step must return (VerifyRequest.hidden_layers): () = the last one
         self.feature_layers: tuple[int, ...] = tuple(head.config.aux_layers) if isinstance(head, Eagle3Head) else ()
@@ -221,18 +218,13 @@ def load_eagle_head(weights: Path) -> EagleHead | Eagle3Head:
 
 def head_min_confidence(weights: Path = DEFAULT_WEIGHTS) -> float:
     """The confidence cut-off tuned for the head in ``weights`` (its JSON), else the default."""
-    import json
-
-    info = json.loads(Path(weights).with_suffix(".json").read_text())
-    return float(info.get("min_confidence", DEFAULT_MIN_CONFIDENCE))
+    return float(head_info(weights).get("min_confidence", DEFAULT_MIN_CONFIDENCE))
 
 
 def head_feature_layers(weights: Path = DEFAULT_WEIGHTS) -> tuple[int, ...]:
     """The target layers the head in ``weights`` reads (() = the last post-norm state); from
     its JSON, so a controller that reaches the head remotely asks the target for the right states."""
-    import json
-
-    info = json.loads(Path(weights).with_suffix(".json").read_text())
+    info = head_info(weights)
     if info.get("format", "eagle1") != "eagle3":
         return ()
     return tuple(int(a) for a in info["config"]["aux_layers"])
@@ -263,7 +255,7 @@ def head_fit_problem(target_name: str, weights: Path = DEFAULT_WEIGHTS) -> str |
 
     from banditspec.engine.models import model_dir
 
-    head_cfg = json.loads(Path(weights).with_suffix(".json").read_text())["config"]
+    head_cfg = head_info(weights)["config"]
     target_cfg = json.loads((model_dir(target_name) / "config.json").read_text())
     head_shape = (int(head_cfg["hidden_size"]), int(head_cfg["target_vocab_size"]))
     target_shape = (int(target_cfg["hidden_size"]), int(target_cfg["vocab_size"]))

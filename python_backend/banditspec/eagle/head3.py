@@ -223,10 +223,14 @@ def load_head3(path: Path, dtype: torch.dtype = torch.float32) -> Eagle3Head:
     return load_weights(path, lambda config: Eagle3Head(Eagle3Config(**config)), dtype)
 
 
+def head_info(path: Path) -> dict:
+    """The JSON beside a weights file (config, training metadata, tuned cut-off); the one reader."""
+    return json.loads(Path(path).with_suffix(".json").read_text())
+
+
 def head_format(path: Path) -> str:
     """"eagle3" or "eagle1" (the older EAGLE-1 head) from the JSON beside a weights file."""
-    info = json.loads(Path(path).with_suffix(".json").read_text())
-    return str(info.get("format", "eagle1"))
+    return str(head_info(path).get("format", "eagle1"))
 
 
 def export_upstream(head: Eagle3Head, target_config, out_dir: Path) -> Path:

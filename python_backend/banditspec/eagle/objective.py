@@ -84,21 +84,34 @@ def unrolled_loss(head: EagleHead, embedding: torch.Tensor, batch: Batch, steps:
         teacher_top1 = teacher_logits.argmax(-1)
     predictions = unrolled_predictions(head, embedding[batch.tokens[:, 1:]], batch.features[:, :-1],
                                        steps, noise)
-    total = torch.zeros(())
-    weight_sum = 0.0
-    per_loss, per_top1 = [], []
-    for step, predicted in enumerate(predictions, start=1):
-        counted = batch.counted.clone()
-        counted[:, : step - 1] = False
-        denom = counted.sum().clamp(min=1)
+
+    def position_loss(predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = head.draft_logits(predicted, lm_rows)
         reg = F.smooth_l1_loss(predicted.float(), target, reduction="none").mean(-1)
         cls = -(teacher_probs * logits.float().log_softmax(-1)).sum(-1)
-        loss = ((reg + cls_weight * cls) * counted).sum() / denom
+        return reg + cls_weight * cls, logits
+
+    return weighted_steps(predictions, position_loss, batch.counted, teacher_top1, step_decay)
+
+
+def weighted_steps(outputs: list[torch.Tensor], position_loss, counted: torch.Tensor,
+                   teacher_top1: torch.Tensor, step_decay: float) -> StepStats:
+    """Per-step mean loss over counted pairs (step s counts pairs i >= s - 1), weighted
+    ``step_decay ** (s - 1)``, and top-1 agreement. ``position_loss(output)`` -> (loss per
+    pair [B, N], draft-vocabulary logits [B, N, K])."""
+    total = torch.zeros(())
+    weight_sum = 0.0
+    per_loss, per_top1 = [], []
+    for step, output in enumerate(outputs, start=1):
+        mask = counted.clone()
+        mask[:, : step - 1] = False
+        denom = mask.sum().clamp(min=1)
+        pair_loss, logits = position_loss(output)
+        loss = (pair_loss * mask).sum() / denom
         w = step_decay ** (step - 1)
         total = total + w * loss
         weight_sum += w
         per_loss.append(float(loss.detach()))
-        agree = (logits.detach().argmax(-1) == teacher_top1) & counted
+        agree = (logits.detach().argmax(-1) == teacher_top1) & mask
         per_top1.append(float(agree.sum() / denom))
     return StepStats(total / weight_sum, per_loss, per_top1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from banditspec.eagle.head3 import Eagle3Head
-from banditspec.eagle.objective import Batch, StepStats, unrolled_mask
+from banditspec.eagle.objective import Batch, StepStats, unrolled_mask, weighted_steps
 
 
 def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tensor,
@@ -58,20 +58,9 @@ def unrolled_loss3(head: Eagle3Head, embedding: torch.Tensor, lm_rows: torch.Ten
         teacher_probs = teacher_logits.float().softmax(-1)
         teacher_top1 = teacher_logits.argmax(-1)
     states = unrolled_states(head, embedding[batch.tokens[:, 1:]], aux, steps)
-    total = torch.zeros(())
-    weight_sum = 0.0
-    per_loss, per_top1 = [], []
-    for step, state in enumerate(states, start=1):
-        counted = batch.counted.clone()
-        counted[:, : step - 1] = False
-        denom = counted.sum().clamp(min=1)
+
+    def position_loss(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = head.logits(state).float()
-        cls = -(teacher_probs * logits.log_softmax(-1)).sum(-1)
-        loss = (cls * counted).sum() / denom
-        w = step_decay ** (step - 1)
-        total = total + w * loss
-        weight_sum += w
-        per_loss.append(float(loss.detach()))
-        agree = (logits.detach().argmax(-1) == teacher_top1) & counted
-        per_top1.append(float(agree.sum() / denom))
-    return StepStats(total / weight_sum, per_loss, per_top1)
+        return -(teacher_probs * logits.log_softmax(-1)).sum(-1), logits
+
+    return weighted_steps(states, position_loss, batch.counted, teacher_top1, step_decay)

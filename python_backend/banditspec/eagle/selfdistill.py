@@ -177,12 +177,12 @@ def _plan(tokenizer, spec: DistillSpec) -> tuple[list[list[int]], list[str], lis
     return encoded, kinds, batches
 
 
-def _answer_batches(model, tokenizer, spec: DistillSpec, shard_dir: Path | None, worker: int, workers: int,
+def _answer_batches(model, tokenizer, spec: DistillSpec, encoded: list[list[int]], batches: list[list[int]],
+                    shard_dir: Path | None, worker: int, workers: int,
                     progress: bool) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Answer batches ``number % workers == worker`` (skipping finished shards); their results."""
     from tqdm import tqdm
 
-    encoded, _, batches = _plan(tokenizer, spec)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     results: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -212,7 +212,8 @@ def _worker_main(model_name: str, spec: DistillSpec, shard_dir: Path, worker: in
 
     torch.set_num_threads(1)
     model, tokenizer = load_model(model_name)
-    _answer_batches(model, tokenizer, spec, shard_dir, worker, workers, progress=False)
+    encoded, _, batches = _plan(tokenizer, spec)
+    _answer_batches(model, tokenizer, spec, encoded, batches, shard_dir, worker, workers, progress=False)
 
 
 def distill(model, tokenizer, spec: DistillSpec, shard_dir: Path | None = None,
@@ -241,7 +242,7 @@ def distill(model, tokenizer, spec: DistillSpec, shard_dir: Path | None = None,
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
     try:
-        results = _answer_batches(model, tokenizer, spec, shard_dir, 0, workers, progress)
+        results = _answer_batches(model, tokenizer, spec, encoded, batches, shard_dir, 0, workers, progress)
         for child in children:
             child.join()
             if child.exitcode != 0:
