@@ -212,7 +212,6 @@ class DecodingSession:
         # Full information: proposals not fully scored, (drafter, bucket, start, tokens,
         # positions scored so far); outcomes are recorded as the target's tokens arrive.
         self._open_proposals: list[tuple[str, int, int, list[int], int]] = []
-        self._draft_cost: dict[str, float] = {}  # costly drafter -> seconds per drafted token
         self._verify_started = 0.0
         self._available = list(range(len(arms)))
         self.stats = SpeculationStats()
@@ -294,6 +293,7 @@ class DecodingSession:
             return None, Draft()
         candidates, drafts, costly = [], {}, []
         position = len(self._sequence)
+        draft_costs = self._cost_model.draft_costs()  # server-wide: (per call, per token)
         for index in list(self._available):
             arm = self.arms[index]
             drafter = self._decoder.drafters.get(arm.drafter)
@@ -301,8 +301,8 @@ class DecodingSession:
                 continue
             cap = min(arm.gamma, limit)
             if _is_costly(drafter):
-                per_token = self._draft_cost.get(arm.drafter, 0.0)
-                costly.append(Candidate(arm.drafter, cap, 0, True, per_token))
+                per_call, per_token = draft_costs.get(arm.drafter, (0.0, 0.0))  # untried: optimistic
+                costly.append(Candidate(arm.drafter, cap, 0, True, per_call, per_token))
                 continue
             draft = self._propose(arm, cap)
             if draft is not None and len(draft) > 0:
@@ -325,9 +325,8 @@ class DecodingSession:
         began = self._clock()
         draft = self._propose(self.arms[index], choice.gamma)
         produced = 0 if draft is None else len(draft)
-        spent = (self._clock() - began) / max(1, produced)
-        old = self._draft_cost.get(choice.drafter)
-        self._draft_cost[choice.drafter] = spent if old is None else 0.8 * old + 0.2 * spent
+        if draft is not None:
+            self._cost_model.observe_draft(choice.drafter, produced, self._clock() - began)
         if draft is not None and produced == 0:
             # The costly drafter declined (Eagle below its confidence cut-off): an outcome of
             # choosing it, scored as a first token not accepted, so that its estimate says how
@@ -464,10 +463,11 @@ class DecodingSession:
 
     def _call_propose(self, session: DraftSession, max_len: int, inline: bool = False) -> Draft:
         """``session.propose(max_len)``, bounded by the decoder's deadline when it has one.
-        ``inline``: a built-in lookup drafter (``runs_inline``: an in-memory index, no model
-        call, no I/O; microseconds in ``banditspec bench-drafters``) is called directly: the
-        hand-off to the deadline thread cost ~2 ms per call here (thread wake-up), more than
-        the proposal, and costaware asks every cheap drafter at every step."""
+        ``inline``: a drafter that cannot hang (``runs_inline``: the built-in lookups, an
+        in-memory index, microseconds in ``banditspec bench-drafters``; the in-process Eagle
+        head, bounded compute, no I/O) is called directly: the hand-off to the deadline thread
+        cost ~2 ms per call here (thread wake-up), more than a lookup, and costaware asks every
+        cheap drafter at every step. Too slow a call still drops the drafter (see _propose)."""
         deadline = self._decoder.drafter_deadline_s
         if deadline is None or inline:
             return session.propose(max_len)

@@ -225,3 +225,42 @@ def test_first_step_is_not_rewarded_under_the_throughput_reward():
     session.policy.update = lambda arm, value: (rewarded_at.append(session.stats.steps), original(arm, value))
     run_to_completion(engine, session)
     assert rewarded_at and 0 not in rewarded_at and rewarded_at[0] == 1
+
+
+def test_cost_model_fits_a_costly_drafters_cost_per_call_and_per_token():
+    model = CostModel(5)
+    assert model.draft_costs() == {}
+    for tokens, ms in [(0, 5.0), (0, 5.2), (1, 7.0), (2, 9.0), (2, 30.0), (2, 8.9), (4, 13.0)]:  # one outlier
+        model.observe_draft("eagle", tokens, ms / 1e3)
+    per_call, per_token = model.draft_costs()["eagle"]
+    assert per_call == pytest.approx(0.005, abs=3e-4) and per_token == pytest.approx(0.002, abs=2e-4)
+    assert model.as_dict()["draft_ms"]["eagle"]["per_call"] == pytest.approx(5.0, abs=0.3)
+    noisy = CostModel(5)
+    for tokens, ms in [(1, 9.0), (3, 7.0), (3, 7.2)]:  # more tokens cheaper: noise, not a negative cost
+        noisy.observe_draft("eagle", tokens, ms / 1e3)
+    per_call, per_token = noisy.draft_costs()["eagle"]
+    assert per_token == 0.0 and per_call == pytest.approx(0.0072)
+
+
+def test_a_costly_drafters_cost_is_known_server_wide_so_no_request_tries_it_for_free():
+    """Before: each request measured the costly drafter's cost afresh, starting at zero, so
+    every request paid for at least one pull of a drafter that never pays (measured on code:
+    Eagle pulled in 30 of 161 rounds, each call ~15 % of a target step)."""
+    decoder, engine = timed_decoder(FLAT, meh=lambda e: oracle(e, length_cap=1))
+
+    def slow_but_right(context, max_len):
+        decoder.clock.advance(0.3)  # six target steps per proposal
+        return oracle(engine.engine)(context, max_len)
+
+    decoder.drafters["slow"] = ScriptedDrafter("slow", slow_but_right)
+    decoder.drafters["slow"].costly = True
+    request = GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["slow", "meh"], max_draft_len=4)
+    first = run_to_completion(engine, decoder.start(request))
+    assert first.token_ids == engine.engine.vanilla(PROMPT, 30)
+    assert any(a.startswith("slow@") for a in first.stats.arms)  # untried: tried once
+    assert decoder.cost_model.draft_costs()["slow"][0] + 4 * decoder.cost_model.draft_costs()["slow"][1] == pytest.approx(0.3)
+    for _ in range(3):
+        later = run_to_completion(engine, decoder.start(request))
+        assert later.token_ids == first.token_ids
+        assert not any(a.startswith("slow@") for a in later.stats.arms)
+        assert all(a == "meh@1" for a in later.stats.arms[1:-1])

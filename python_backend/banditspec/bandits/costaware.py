@@ -6,7 +6,8 @@ maximise expected tokens per second:
     U(d, gamma) = (1 + sum_{j <= gamma} P_d(accepted >= j | context)) / cost(1 + gamma, d)
 
 with cost = the verify-cost curve of :class:`~banditspec.bandits.cost_model.CostModel`
-plus the drafting cost of costly drafters (Eagle: per drafted token). U(plain) =
+plus the drafting cost of costly drafters (Eagle: per call plus per drafted token, measured
+server-wide by the same model). U(plain) =
 1 / cost(1) is always a candidate, so when no draft is expected to pay, it decodes.
 
 Acceptance model: per (drafter, context) a discrete hazard h_j = P(token j accepted |
@@ -18,7 +19,8 @@ suffix depth, REST match), in buckets, and whether another drafter agrees on the
 Information: cheap drafters (PLD, suffix, REST) propose every round whether chosen or
 not; once the target's tokens at those positions are known, each proposal's would-be
 accepted length is scored (full information). Costly drafters (Eagle, a draft engine)
-learn only when pulled, with an optimism bonus so that an untried one gets tried.
+learn only when pulled, with an optimism bonus on the first position (sized by the
+server's evidence) so that an untried one gets tried.
 
 Memory: a server-wide :class:`SharedAcceptance` (decayed, thread-safe) receives every
 observation and seeds each new request, capped at ``prior_weight`` pseudo-observations
@@ -120,7 +122,8 @@ class Candidate:
     max_gamma: int  # cheap drafter: its proposal's length; costly drafter: the cap
     bucket: int = 0
     costly: bool = False
-    draft_seconds_per_token: float = 0.0
+    draft_seconds_per_call: float = 0.0  # what proposing costs (costly drafters; cheap ones
+    draft_seconds_per_token: float = 0.0  # propose every round anyway, a sunk cost)
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ class CostAwarePolicy:
         prior_accept: float = 0.5,
         prior_reject: float = 1.5,
         prior_weight: float = 5.0,
-        optimism: float = 1.0,
+        optimism: float = 0.5,
     ):
         if max_len < 1:
             raise ValueError("max_len must be >= 1")
@@ -185,12 +188,17 @@ class CostAwarePolicy:
             accepted += prior.accepted[bucket]
         hazard = (accepted + self._a0) / (offered + self._a0 + self._b0)
         if optimistic:
-            # Exploration is server-wide: a drafter the server has already tried many times
-            # is not re-explored by every request (its capped prior alone would invite that).
+            # Optimism on the first position only: whether choosing the drafter yields a
+            # token at all is what exploration must find out. Deeper positions are offered
+            # only after the first is accepted, so their counts stay small; a bonus there
+            # never faded (a drafter right 20 % of the time on code was valued at ~2.5
+            # tokens per pull and called in half the rounds). Exploration is server-wide: a
+            # drafter the server has already tried many times is not re-explored by every
+            # request (its capped prior alone would invite that).
             evidence = self.evidence.get(drafter)
-            seen = self.local[drafter].offered[bucket] + (evidence[bucket] if evidence is not None else 0.0)
-            bonus = self._optimism * np.sqrt(math.log(self.rounds + 2) / (seen + 1.0))
-            hazard = np.minimum(1.0, hazard + bonus)
+            seen = self.local[drafter].offered[bucket, 0] + (evidence[bucket, 0] if evidence is not None else 0.0)
+            bonus = self._optimism * math.sqrt(math.log(self.rounds + 2) / (seen + 1.0))
+            hazard[0] = min(1.0, hazard[0] + bonus)
         return np.cumprod(hazard)
 
     def choose(self, candidates: list[Candidate], gamma_cap: int) -> Choice:
@@ -205,7 +213,8 @@ class CostAwarePolicy:
             survival = self.survival(candidate.drafter, candidate.bucket, optimistic=candidate.costly)
             expected = 1.0 + np.concatenate([[0.0], np.cumsum(survival[:top])])  # index gamma
             for gamma in range(1, top + 1):
-                seconds = curve[1 + gamma] + candidate.draft_seconds_per_token * gamma
+                seconds = (curve[1 + gamma] + candidate.draft_seconds_per_call
+                           + candidate.draft_seconds_per_token * gamma)
                 utility = expected[gamma] / seconds
                 if utility > best.utility * (1 + 1e-9):
                     best = Choice(candidate.drafter, gamma, float(expected[gamma]), float(utility))

@@ -61,6 +61,11 @@ class EagleDrafter:
 
     name = "eagle"
     needs_hidden_states = True  # the decoding loop then asks the target for its hidden states
+    # Proposed on the calling thread: bounded compute in this process (one small prefill, then
+    # at most gamma head steps), no I/O that could hang; the hand-off to the deadline thread
+    # cost ~2 ms a call on these VMs (a quarter of a proposal). A call slower than the
+    # deadline still drops the arm afterwards. (The remote head, through BLS, keeps the thread.)
+    runs_inline = True
 
     def __init__(self, head: EagleHead | Eagle3Head, embedding: torch.Tensor, stop_ids: Sequence[int] = (),
                  min_confidence: float = 0.0):
