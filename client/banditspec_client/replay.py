@@ -317,7 +317,7 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
     from banditspec.bandits.cost_model import CostModel
     from banditspec.config import GenerationRequest
     from banditspec.decoding import run_to_completion
-    from banditspec.decoding import SpeculativeDecoder
+    from banditspec.decoder import SpeculativeDecoder
     from banditspec.engine.reference import ReferenceEngine
     from banditspec.replay import replay_policy
     from banditspec.runtime import build_drafters, calibrate_cost_model

@@ -201,7 +201,8 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
     """Run ``policy`` over the traces in order (one server: shared statistics carry over);
     returns per-trace decode seconds (prefill excluded), steps, tokens and identity."""
     from banditspec.config import GenerationRequest, Limits
-    from banditspec.decoding import SpeculativeDecoder, run_to_completion
+    from banditspec.decoder import SpeculativeDecoder
+    from banditspec.decoding import run_to_completion
 
     clock = VirtualClock()
     engine = ReplayEngine(traces, platform, clock, eos_id=eos_id)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from banditspec.config import Limits
-from banditspec.decoding import SpeculativeDecoder
+from banditspec.decoder import SpeculativeDecoder
 from banditspec.drafters.registry import build_drafters
 
 DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")

@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 from banditspec.config import DEFAULT_POLICY, GenerationRequest
-from banditspec.decoding import SpeculativeDecoder, generate
+from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding import generate
 from banditspec.engine.contract import Engine
 from banditspec.errors import BanditSpecValidationError, EngineError
 from banditspec.outcomes import (  # how a request ended (Controller.on_request_done)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from banditspec.gamma_controller import make_gamma_budget
 from banditspec.engine.uniform_inputs import with_empty_drafts
-from banditspec.decoding import SpeculativeDecoder
+from banditspec.decoder import SpeculativeDecoder
 from banditspec.drafters.registry import build_drafters
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
 from banditspec.serving import Controller, ServingDefaults

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from banditspec.config import GenerationRequest, Limits, validate_request
-from banditspec.decoding import SpeculativeDecoder
+from banditspec.decoder import SpeculativeDecoder
 from banditspec.errors import BanditSpecValidationError
 from banditspec.serving import Controller, ServingDefaults
 from tests.fake_tokenizer import ByteTokenizer

@@ -9,7 +9,8 @@ from banditspec.bandits.cost_model import CostModel, calibrate
 from banditspec.bandits.costaware import Candidate, CostAwarePolicy, HazardCounts, SharedAcceptance
 from banditspec.gamma_controller import make_gamma_budget
 from banditspec.config import GenerationRequest
-from banditspec.decoding import SpeculativeDecoder, run_to_completion
+from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding import run_to_completion
 from banditspec.replay import VirtualClock
 from banditspec.rewards import ThroughputReward
 from tests.mock_engine import MockEngine

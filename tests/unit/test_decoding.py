@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from banditspec.config import GenerationRequest, Limits
-from banditspec.decoding import SpeculativeDecoder, generate, run_to_completion
+from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding import generate, run_to_completion
 from banditspec.drafters.base import Draft
 from banditspec.errors import BanditSpecValidationError
 from tests.mock_engine import MockEngine

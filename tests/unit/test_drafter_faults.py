@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from banditspec.config import GenerationRequest
-from banditspec.decoding import SpeculativeDecoder, run_to_completion
+from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding import run_to_completion
 from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
 from banditspec.drafters.registry import build_drafters
 from banditspec.errors import BanditSpecValidationError

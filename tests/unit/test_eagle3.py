@@ -189,7 +189,8 @@ def test_speculative_loop_output_equals_plain_greedy(drafter, target):
 
 def test_decoding_loop_with_eagle3_is_lossless_and_feeds_the_head(target, drafter):
     from banditspec.config import GenerationRequest
-    from banditspec.decoding import SpeculativeDecoder, run_to_completion
+    from banditspec.decoder import SpeculativeDecoder
+    from banditspec.decoding import run_to_completion
 
     engine = ReferenceEngine(target, max_context=256)
     decoder = SpeculativeDecoder.for_engine(engine, {"eagle": drafter})

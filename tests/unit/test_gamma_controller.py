@@ -22,7 +22,8 @@ from banditspec.gamma_controller.gamma_bandit import ucbspec_radius
 from banditspec.engine.target_metrics import VerifyBatchMetrics
 from banditspec.gamma_controller.budget import UnlimitedBudget
 from banditspec.config import GenerationRequest
-from banditspec.decoding import SpeculativeDecoder, run_to_completion
+from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding import run_to_completion
 from banditspec.drafters.pld import PromptLookupDrafter
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.errors import BanditSpecValidationError

@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 
-from banditspec.decoding import SpeculativeDecoder
+from banditspec.decoder import SpeculativeDecoder
 from tests.fault_drafters import RaisingDrafter
 from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics import (

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from banditspec.decoding import SpeculativeDecoder
+from banditspec.decoder import SpeculativeDecoder
 from banditspec.engine.tensor_codec import TensorEngine, decode_request, encode_result
 from banditspec.serving import Controller, ServingDefaults
 from tests.fake_tokenizer import ByteTokenizer

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from banditspec.config import GenerationRequest
-from banditspec.decoding import SpeculativeDecoder, run_to_completion
+from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding import run_to_completion
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import PROMPT, ScriptedDrafter, always_wrong, oracle

@@ -69,7 +69,7 @@ class InProcessRunner:
         return split_available(methods, unserved, self.adaptive_arms, "no drafter available")
 
     def _decoder(self, method: Method):
-        from banditspec.decoding import SpeculativeDecoder
+        from banditspec.decoder import SpeculativeDecoder
 
         if method.name not in self._decoders:
             drafters = dict(self.shared_drafters)

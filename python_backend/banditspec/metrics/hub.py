@@ -35,7 +35,7 @@ class ServingMetrics:
         return self
 
     def on_step(self, event) -> None:
-        """event: a banditspec.decoding.StepEvent."""
+        """event: a banditspec.results.StepEvent."""
         emitted = len(event.new_token_ids)
         self.stats.record_step(event.arm, event.drafted, event.accepted, emitted)
         if self.exporter is not None:
@@ -49,7 +49,7 @@ class ServingMetrics:
             self.exporter.set_active(sequences)
 
     def on_request_done(self, outcome: str, speculation_stats=None) -> None:
-        """speculation_stats: the request's banditspec.decoding.SpeculationStats, or None."""
+        """speculation_stats: the request's banditspec.results.SpeculationStats, or None."""
         dropped = speculation_stats.dropped_arms if speculation_stats is not None else {}
         failures = self.stats.record_request(outcome, dropped)
         if self.exporter is not None:
