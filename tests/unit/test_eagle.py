@@ -259,13 +259,12 @@ def test_shipped_weights_load():
 def test_shipped_head_drafts_accepted_tokens_on_smollm2():
     from banditspec.datasets import sharegpt_split
     from banditspec.engine.models import load_model
+    from banditspec.text import prompt_ids
 
     model, tokenizer = load_model("smollm2")
     drafter = load_default_eagle_drafter(model, EAGLE1_WEIGHTS, min_confidence=0.0)  # the head itself, full-length drafts
     question = sharegpt_split("eval")[3][0][1][:400]
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                           tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    ids = prompt_ids(tokenizer, question, chat=True)
     plain = greedy_speculative(model, drafter, ids, 0, 40, tokenizer.eos_token_id)
     spec = greedy_speculative(model, drafter, ids, 4, 40, tokenizer.eos_token_id)
     assert spec.output_ids == plain.output_ids
