@@ -107,7 +107,7 @@ def _cmd_build(args) -> int:
         if panel_kernel.load() is None:
             print(f"warning: built, but it cannot run here: {panel_kernel.unavailable_reason()}")
         return 0
-    from banditspec.eagle import train
+    from banditspec_train.eagle import train
 
     return train.run(args)
 
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     kernels = build_sub.add_parser("kernels", help="compile the engine's panel kernels (C, needs a C compiler)")
     kernels.add_argument("--force", action="store_true", help="rebuild even when cached")
     eagle = build_sub.add_parser("eagle", help="train the Eagle draft head")
-    _try_add_arguments("banditspec.eagle.train", eagle)
+    _try_add_arguments("banditspec_train.eagle.train", eagle)
     build.set_defaults(func=_cmd_build)
 
     for name, module, help_text in MODULE_COMMANDS:

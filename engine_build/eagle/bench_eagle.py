@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from banditspec.drafters.eagle import DEFAULT_WEIGHTS, load_default_eagle_drafter
-from banditspec.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs, target_features
-from banditspec.text import prompt_ids
 from banditspec.paths import REPO_ROOT
+from banditspec.text import prompt_ids
+from banditspec_train.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs, target_features
 
 
 def chat_prompts(n: int) -> list[str]:

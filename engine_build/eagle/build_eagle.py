@@ -5,7 +5,7 @@
 
 import sys
 
-from banditspec.eagle.train import main
+from banditspec_train.eagle.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from banditspec.drafters.eagle import EAGLE3_WEIGHTS
-from banditspec.eagle.head3 import export_upstream, load_head3
+from banditspec.eagle.head3 import load_head3
+from banditspec_train.eagle.export import export_upstream
 
 
 def main() -> int:

@@ -24,9 +24,9 @@ import torch
 from tqdm import tqdm
 
 from banditspec.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, load_default_eagle_drafter
-from banditspec.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs, target_features
-from banditspec.text import prompt_ids
 from banditspec.paths import REPO_ROOT
+from banditspec.text import prompt_ids
+from banditspec_train.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs, target_features
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_eagle import chat_prompts, code_prompts  # noqa: E402

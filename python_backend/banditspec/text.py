@@ -2,23 +2,46 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from banditspec.config import check_prompt
 from banditspec.errors import BanditSpecValidationError
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def render_chat(tokenizer, messages: Sequence[Mapping[str, str]], *, reply: bool = True) -> str:
+    """The text of a chat in the model's chat template: ``messages`` are ``{"role", "content"}``
+    (role system, user or assistant; content a string); ``reply``: the assistant's turn is opened
+    after them (a prompt), else the chat ends with its last message (training text).
+
+    The one renderer of chats: the server's single-turn prompts (:func:`prompt_ids`), the OpenAI
+    API's chats and the Eagle training text all go through it, so their prompts cannot drift.
+    Tokenize the text with :func:`text_ids` (a rendered chat carries its own special tokens)."""
+    turns = []
+    for i, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise BanditSpecValidationError("messages", f"message {i}: role must be one of {', '.join(CHAT_ROLES)}, "
+                                            f"got {role!r}")
+        if not isinstance(content, str):
+            raise BanditSpecValidationError("messages", f"message {i}: content must be a string")
+        turns.append({"role": role, "content": content})
+    return tokenizer.apply_chat_template(turns, add_generation_prompt=reply, tokenize=False)
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` as it is: no special tokens added."""
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
 
 def prompt_ids(tokenizer, text: str, *, chat: bool) -> list[int]:
-    """Token ids of a prompt; with ``chat`` the text is one user turn in the model's chat template."""
+    """Token ids of a prompt; with ``chat`` the text is one user turn in the model's chat template
+    (when it has one), rendered by :func:`render_chat`."""
     check_prompt(text if isinstance(text, str) else None)
     if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
-    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+        text = render_chat(tokenizer, [{"role": "user", "content": text}])
+    return text_ids(tokenizer, text)
 
 
 def stop_sequences(tokenizer, words: Sequence[str]) -> list[list[int]]:
@@ -27,7 +50,7 @@ def stop_sequences(tokenizer, words: Sequence[str]) -> list[list[int]]:
     for word in words:
         if not isinstance(word, str) or word == "":
             raise BanditSpecValidationError("stop_words", "stop words must be non-empty strings")
-        out.append([int(t) for t in tokenizer(word, add_special_tokens=False)["input_ids"]])
+        out.append(text_ids(tokenizer, word))
     return out
 
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from banditspec.drafters.eagle import EAGLE1_WEIGHTS, EagleDrafter, load_default_eagle_drafter
-from banditspec.eagle.evaluate import greedy_speculative
-from banditspec.eagle.features import FeatureSet
 from banditspec.eagle.head import EagleConfig, EagleHead, load_head, save_head
-from banditspec.eagle.objective import unrolled_mask, unrolled_predictions
-from banditspec.eagle.train import TrainConfig, evaluate_head, loss_function, train_head
-from banditspec.eagle.vocab import choose_draft_vocab
 from banditspec.errors import BanditSpecValidationError
+from banditspec_train.eagle.evaluate import greedy_speculative
+from banditspec_train.eagle.features import FeatureSet
+from banditspec_train.eagle.objective import unrolled_mask, unrolled_predictions
+from banditspec_train.eagle.train import TrainConfig, evaluate_head, loss_function, train_head
+from banditspec_train.eagle.vocab import choose_draft_vocab
 
 torch.set_num_threads(1)
 
@@ -259,13 +259,12 @@ def test_shipped_weights_load():
 def test_shipped_head_drafts_accepted_tokens_on_smollm2():
     from banditspec.datasets import sharegpt_split
     from banditspec.engine.models import load_model
+    from banditspec.text import prompt_ids
 
     model, tokenizer = load_model("smollm2")
     drafter = load_default_eagle_drafter(model, EAGLE1_WEIGHTS, min_confidence=0.0)  # the head itself, full-length drafts
     question = sharegpt_split("eval")[3][0][1][:400]
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                           tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    ids = prompt_ids(tokenizer, question, chat=True)
     plain = greedy_speculative(model, drafter, ids, 0, 40, tokenizer.eos_token_id)
     spec = greedy_speculative(model, drafter, ids, 4, 40, tokenizer.eos_token_id)
     assert spec.output_ids == plain.output_ids
@@ -273,8 +272,8 @@ def test_shipped_head_drafts_accepted_tokens_on_smollm2():
 
 
 def test_feature_extraction_resumes_from_shards(tiny, tmp_path):
-    from banditspec.eagle.corpus import TrainingSequence
-    from banditspec.eagle.features import extract_features
+    from banditspec_train.eagle.corpus import TrainingSequence
+    from banditspec_train.eagle.features import extract_features
 
     seqs = [TrainingSequence(random_ids(n, seed=n), loss_from=1, kind="chat") for n in (9, 14, 5, 20)]
     first = extract_features(tiny, seqs, batch_tokens=32, progress=False, bf16=False,
@@ -292,7 +291,7 @@ def test_feature_extraction_resumes_from_shards(tiny, tmp_path):
 
 
 def test_target_argmax_counts_count_greedy_choices(tiny):
-    from banditspec.eagle.vocab import target_argmax_counts
+    from banditspec_train.eagle.vocab import target_argmax_counts
 
     fs = tiny_feature_set(tiny, 3, 10, seed=8)
     embedding = tiny.get_input_embeddings().weight.detach()
@@ -303,7 +302,7 @@ def test_target_argmax_counts_count_greedy_choices(tiny):
 
 
 def test_batched_greedy_features_match_a_plain_forward(tiny):
-    from banditspec.eagle.selfdistill import greedy_with_features
+    from banditspec_train.eagle.selfdistill import greedy_with_features
 
     prompts = [random_ids(n, seed=n) for n in (5, 9, 3)]
     eos = 7
@@ -319,7 +318,7 @@ def test_batched_greedy_features_match_a_plain_forward(tiny):
 
 
 def test_code_prompts_come_from_stdlib_docstrings():
-    from banditspec.eagle.selfdistill import code_prompts
+    from banditspec_train.eagle.selfdistill import code_prompts
 
     prompts = code_prompts(5, seed=0)
     assert len(prompts) == 5 and all("def " in p and '"""' in p or "'''" in p for p in prompts)

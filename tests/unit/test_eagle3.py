@@ -15,16 +15,17 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from banditspec.drafters.eagle import EagleDrafter
-from banditspec.eagle.evaluate import greedy_speculative
-from banditspec.eagle.features import FeatureSet
-from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, default_aux_layers, export_upstream, load_head3, save_head3
-from banditspec.eagle.objective import Batch
-from banditspec.eagle.objective3 import unrolled_loss3, unrolled_states
-from banditspec.eagle.train import TrainConfig, evaluate_head, loss_function, train_head
+from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, default_aux_layers, load_head3, save_head3
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.reference import ReferenceEngine
 from banditspec.engine.tensor_codec import decode_request, encode_request
 from banditspec.errors import BanditSpecValidationError
+from banditspec_train.eagle.evaluate import greedy_speculative
+from banditspec_train.eagle.export import export_upstream
+from banditspec_train.eagle.features import FeatureSet
+from banditspec_train.eagle.objective import Batch
+from banditspec_train.eagle.objective3 import unrolled_loss3, unrolled_states
+from banditspec_train.eagle.train import TrainConfig, evaluate_head, loss_function, train_head
 
 torch.set_num_threads(1)
 LAYERS = (1, 2, 4)

@@ -1,6 +1,8 @@
-"""No import loop in the shipped packages: the static import graph (every ``import``
-statement, function-level lazy ones included) of banditspec and banditspec_client has no
-cycle between modules, nor between the packages they live in (``drafters`` <-> ``eagle``)."""
+"""No import loop in the packages: the static import graph (every ``import`` statement,
+function-level lazy ones included) of banditspec, banditspec_client and banditspec_train has no
+cycle between modules, nor between the packages they live in (``drafters`` <-> ``eagle``); and
+the serving package (banditspec, and the Triton models that run it) never imports the offline
+training package (banditspec_train)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,16 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = (ROOT / "python_backend" / "banditspec", ROOT / "client" / "banditspec_client")
+SERVING = ROOT / "python_backend" / "banditspec"
+TRAINING = ROOT / "training" / "banditspec_train"
+PACKAGES = (SERVING, ROOT / "client" / "banditspec_client", TRAINING)
+# the Triton models' own files: they run in the server, beside the serving package
+MODEL_FILES = sorted((ROOT / "model_repository").glob("*/1/model.py")) + sorted(
+    (ROOT / "model_repository_trtllm").glob("*/1/model.py"))
 
 
 def module_files() -> dict[str, Path]:
-    """Dotted module name -> file, for every module of the shipped packages."""
+    """Dotted module name -> file, for every module of the packages."""
     modules = {}
     for package in PACKAGES:
         for path in sorted(package.rglob("*.py")):
@@ -121,3 +128,17 @@ def test_no_module_imports_itself_back():
 
 def test_no_package_imports_itself_back():
     assert cycles(package_graph(import_graph())) == [], "import loops between packages"
+
+
+def test_the_serving_package_never_imports_the_training_package():
+    graph = import_graph()
+    training = {m for m in graph if m.split(".")[0] == TRAINING.name}
+    assert "banditspec_train.eagle.train" in training and "banditspec.drafters.eagle" in graph
+    serving = {m: targets for m, targets in graph.items() if m.split(".")[0] == SERVING.name}
+    offenders = {m: sorted(targets & training) for m, targets in serving.items() if targets & training}
+    assert offenders == {}, "the serving package imports offline training"
+    assert len(MODEL_FILES) >= 4
+    for path in MODEL_FILES:
+        targets = imported(ast.parse(path.read_text(), str(path)), "model", False, set(graph))
+        assert not targets & training, f"{path.relative_to(ROOT)} imports offline training"
+        assert any(t.split(".")[0] == SERVING.name for t in targets), path  # the check sees its imports

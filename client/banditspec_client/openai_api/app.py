@@ -15,13 +15,14 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, Literal, Union
+from typing import Any, Literal, NoReturn, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from banditspec.text import render_chat, text_ids
 from banditspec_client.openai_api.triton import Chunk, ModelFacts, TritonBackend, TritonError
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -101,8 +102,22 @@ class ChatRequest(_Common):
     parallel_tool_calls: bool | None = None
 
 
-def _refuse(param: str, message: str) -> None:
+def _refuse(param: str, message: str) -> NoReturn:
     raise OpenAIError(400, f"{param}: {message}", param=param)
+
+
+def chat_prompt(tokenizer, messages: list[Message]) -> str:
+    """The prompt text of a chat, rendered by the server's own renderer (``banditspec.text.render_chat``,
+    which its single-turn prompts go through too): ``developer`` is a system turn, text parts are joined."""
+    turns = [
+        {"role": "system" if m.role == "developer" else m.role,
+         "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
+        for m in messages
+    ]
+    try:
+        return render_chat(tokenizer, turns)
+    except Exception as exc:
+        _refuse("messages", f"cannot be rendered with the model's chat template ({type(exc).__name__})")
 
 
 def common_inputs(req: _Common, facts: ModelFacts, prompt_tokens: int | None, default_max_tokens: int | None) -> dict:
@@ -318,16 +333,8 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
             _refuse("tools", "tool calling is not supported")
         if req.response_format and req.response_format.get("type") != "text":
             _refuse("response_format", "only {\"type\": \"text\"} is supported")
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role,
-             "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
-            for m in req.messages
-        ]
-        try:
-            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as exc:
-            _refuse("messages", f"cannot be rendered with the model's chat template ({type(exc).__name__})")
-        prompt_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        prompt = chat_prompt(tokenizer, req.messages)
+        prompt_tokens = len(text_ids(tokenizer, prompt))
         inputs = {"text_input": prompt, **common_inputs(req, await facts(), prompt_tokens, None)}
         first, stream = await start(inputs, "messages")
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

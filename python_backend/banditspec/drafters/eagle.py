@@ -23,14 +23,12 @@ import numpy as np
 import torch
 
 from banditspec.drafters.base import Draft
+from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS
 from banditspec.eagle.head import EagleHead, load_head
 from banditspec.eagle.head3 import Eagle3Head, head_format, head_info, load_head3
 from banditspec.errors import BanditSpecValidationError
 from banditspec.serving_config import EAGLE_HEADS, check_eagle_head
 
-WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "eagle" / "weights"
-EAGLE1_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2.safetensors"
-EAGLE3_WEIGHTS = WEIGHTS_DIR / "eagle3-smollm2.safetensors"
 # The served head. The EAGLE-3 head ships too, but measured side by side on the same held-out
 # prompts it accepts no more than the EAGLE-1 head (engine_build/eagle/README.md, "Results"),
 # so EAGLE-1 stays the default until a better-trained EAGLE-3 head beats it.

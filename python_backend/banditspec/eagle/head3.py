@@ -13,13 +13,13 @@ concatenated, float [k * H]):
 
 Chain drafting feeds s_i back in place of g: the next pair is (E[drafted token], s_i)
 (EAGLE-3's "training-time test": the head is trained on its own hidden states for the
-later steps, see :mod:`.objective3`). The head owns its LM head over a reduced draft
+later steps, see ``banditspec_train.eagle.objective3``). The head owns its LM head over a reduced draft
 vocabulary; ``draft_vocab`` (int64 [K]) maps a draft index d to the target id
 ``draft_vocab[d]`` (upstream stores ``d2t[d] = draft_vocab[d] - d`` and a ``t2d`` mask).
 
 Parameter names follow upstream EAGLE-3 checkpoints (``fc``, ``midlayer.*``, ``norm``,
-``lm_head``), so :func:`export_upstream` writes a checkpoint in that layout without renaming
-logic elsewhere (docs/eagle/README.md, "EAGLE-3 checkpoint").
+``lm_head``), so ``banditspec_train.eagle.export`` writes a checkpoint in that layout without renaming
+logic elsewhere (engine_build/eagle/README.md, "EAGLE-3 checkpoint").
 """
 
 from __future__ import annotations
@@ -231,45 +231,3 @@ def head_info(path: Path) -> dict:
 def head_format(path: Path) -> str:
     """"eagle3" or "eagle1" (the older EAGLE-1 head) from the JSON beside a weights file."""
     return str(head_info(path).get("format", "eagle1"))
-
-
-def export_upstream(head: Eagle3Head, target_config, out_dir: Path) -> Path:
-    """Write the head as an upstream-style EAGLE-3 checkpoint folder (model.safetensors +
-    config.json): tensors ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``,
-    ``d2t`` (int64 [K], target id = d + d2t[d]) and ``t2d`` (bool [V]); config keys of a
-    ``LlamaForCausalLMEagle3``. Returns the folder."""
-    from safetensors.torch import save_file
-
-    c = head.config
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()
-             if k != "draft_vocab"}
-    vocab = head.draft_vocab.to(torch.int64)
-    state["d2t"] = (vocab - torch.arange(len(vocab))).contiguous()
-    t2d = torch.zeros(c.target_vocab_size, dtype=torch.bool)
-    t2d[vocab] = True
-    state["t2d"] = t2d
-    save_file(state, str(out_dir / "model.safetensors"))
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "num_hidden_layers": 1,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "vocab_size": c.target_vocab_size,
-        "draft_vocab_size": c.draft_vocab_size,
-        "max_position_embeddings": int(getattr(target_config, "max_position_embeddings", 8192)),
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        # vLLM / speculators numbering: id j = the input of decoder layer j (output of layer j - 1).
-        # TensorRT-LLM numbers by the layer whose OUTPUT it captures (Eagle3DecodingConfig
-        # eagle3_layers_to_capture), i.e. aux_layers as they are; its default is these for 30 layers.
-        "eagle_aux_hidden_state_layer_ids": [a + 1 for a in c.aux_layers],
-    }
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out_dir

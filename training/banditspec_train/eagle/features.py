@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from banditspec.eagle.corpus import TrainingSequence
+from banditspec_train.eagle.corpus import TrainingSequence
 
 
 @dataclass

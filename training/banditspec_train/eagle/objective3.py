@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from banditspec.eagle.head3 import Eagle3Head
-from banditspec.eagle.objective import Batch, StepStats, unrolled_mask, weighted_steps
+from banditspec_train.eagle.objective import Batch, StepStats, unrolled_mask, weighted_steps
 
 
 def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tensor,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from banditspec.errors import BanditSpecValidationError
+from banditspec.text import render_chat, text_ids
 
 USER_CHARS = 1200  # long user turns are cut so that the assistant's answer fits in max_len
 ROLES = {"human": "user", "gpt": "assistant"}
@@ -59,9 +60,18 @@ def _chat_messages(conversation) -> list[dict]:
 
 def system_prefix_len(tokenizer) -> int:
     """Tokens of the template's default system turn (identical in every chat: not trained on)."""
-    probe = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
+    probe = render_chat(tokenizer, [{"role": "user", "content": "x"}], reply=False)
     head = probe[: probe.index("<|im_start|>user")] if "<|im_start|>user" in probe else ""
-    return len(tokenizer(head, add_special_tokens=False).input_ids)
+    return len(text_ids(tokenizer, head))
+
+
+def _sequence(tokenizer, messages: list[dict], spec: CorpusSpec, prefix: int, kind: str) -> TrainingSequence | None:
+    """A finished chat as one training sequence (cut to max_len; None when under min_len); the
+    template's system turn (``prefix`` tokens) is not trained on."""
+    ids = text_ids(tokenizer, render_chat(tokenizer, messages, reply=False))[: spec.max_len]
+    if len(ids) < spec.min_len:
+        return None
+    return TrainingSequence(ids, loss_from=min(prefix, len(ids) - 2), kind=kind)
 
 
 def chat_sequences(tokenizer, spec: CorpusSpec) -> list[TrainingSequence]:
@@ -75,14 +85,10 @@ def chat_sequences(tokenizer, spec: CorpusSpec) -> list[TrainingSequence]:
         if total >= spec.chat_tokens:
             break
         messages = _chat_messages(conversation)
-        if len(messages) < 2:
-            continue
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False).input_ids[: spec.max_len]
-        if len(ids) < spec.min_len:
-            continue
-        out.append(TrainingSequence(ids, loss_from=min(prefix, len(ids) - 2), kind="chat"))
-        total += len(ids)
+        sequence = _sequence(tokenizer, messages, spec, prefix, "chat") if len(messages) >= 2 else None
+        if sequence is not None:
+            out.append(sequence)
+            total += len(sequence.token_ids)
     return out
 
 
@@ -119,12 +125,10 @@ def code_sequences(tokenizer, spec: CorpusSpec) -> list[TrainingSequence]:
             {"role": "user", "content": f"Write the Python `{first}` from the module {path.stem}."},
             {"role": "assistant", "content": f"```python\n{code}```"},
         ]
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False).input_ids[: spec.max_len]
-        if len(ids) < spec.min_len:
-            continue
-        out.append(TrainingSequence(ids, loss_from=min(prefix, len(ids) - 2), kind="code"))
-        total += len(ids)
+        sequence = _sequence(tokenizer, messages, spec, prefix, "code")
+        if sequence is not None:
+            out.append(sequence)
+            total += len(sequence.token_ids)
     return out
 
 
@@ -146,7 +150,7 @@ def token_frequencies(tokenizer, seed: int, max_conversations: int = 6000) -> "l
     for conversation in conversations[:max_conversations]:
         messages = _chat_messages(conversation)
         if messages:
-            texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
+            texts.append(render_chat(tokenizer, messages, reply=False))
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts += [p.read_text(encoding="utf-8", errors="replace") for p in sorted(stdlib.glob("*.py"))]
     for ids in tokenizer(texts, add_special_tokens=False).input_ids:

@@ -15,10 +15,10 @@ from dataclasses import asdict
 
 import numpy as np
 
-from banditspec.eagle.corpus import CorpusSpec, build_corpus
-from banditspec.eagle.features import FeatureSet, extract_features, load_features, save_features
-from banditspec.eagle.selfdistill import DistillSpec, distill
 from banditspec.paths import cache_dir
+from banditspec_train.eagle.corpus import CorpusSpec, build_corpus
+from banditspec_train.eagle.features import FeatureSet, extract_features, load_features, save_features
+from banditspec_train.eagle.selfdistill import DistillSpec, distill
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from banditspec.eagle.corpus import system_prefix_len
-from banditspec.eagle.features import FeatureSet
 from banditspec.errors import BanditSpecValidationError
+from banditspec_train.eagle.corpus import system_prefix_len
+from banditspec_train.eagle.features import FeatureSet
 
 PROMPT_CHARS = 600  # longer requests are skipped (keeps batches short and fast)
 CODE_TEMPLATE = "Complete the following Python function.\n\n```python\n{code}```"

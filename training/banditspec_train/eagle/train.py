@@ -21,23 +21,21 @@ from typing import Callable
 import numpy as np
 import torch
 
-from banditspec.eagle.corpus import CorpusSpec, token_frequencies
-from banditspec.eagle.dataset import training_data
-from banditspec.eagle.features import FeatureSet
+from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS
 from banditspec.eagle.head import EagleConfig, EagleHead, save_head
 from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, default_aux_layers, save_head3
-from banditspec.eagle.objective import Batch, StepStats, unrolled_loss
-from banditspec.eagle.objective3 import unrolled_loss3
-from banditspec.eagle.selfdistill import DistillSpec
-from banditspec.eagle.vocab import choose_draft_vocab, draft_vocab_scores
 from banditspec.errors import BanditSpecValidationError
 from banditspec.paths import REPO_ROOT
+from banditspec_train.eagle.corpus import CorpusSpec, token_frequencies
+from banditspec_train.eagle.dataset import training_data
+from banditspec_train.eagle.features import FeatureSet
+from banditspec_train.eagle.objective import Batch, StepStats, unrolled_loss
+from banditspec_train.eagle.objective3 import unrolled_loss3
+from banditspec_train.eagle.selfdistill import DistillSpec
+from banditspec_train.eagle.vocab import choose_draft_vocab, draft_vocab_scores
 
 log = logging.getLogger(__name__)
 
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-DEFAULT_WEIGHTS = WEIGHTS_DIR / "eagle3-smollm2.safetensors"
-EAGLE1_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2.safetensors"
 DEFAULT_PLOT = REPO_ROOT / "docs" / "eagle" / "loss_curve_eagle3.png"
 FORMATS = ("eagle3", "eagle1")
 
@@ -269,13 +267,13 @@ def _new_head(args: argparse.Namespace, model, tokenizer, train_set: FeatureSet,
 
 def run(args: argparse.Namespace) -> int:
     """Build the head; returns a process exit code."""
-    from banditspec.eagle.plots import plot_losses
     from banditspec.engine.models import load_model
+    from banditspec_train.eagle.plots import plot_losses
 
     torch.set_num_threads(max(1, args.threads))
     began = time.time()
     progress = not args.no_progress
-    out = args.out or (DEFAULT_WEIGHTS if args.format == "eagle3" else EAGLE1_WEIGHTS)
+    out = args.out or (EAGLE3_WEIGHTS if args.format == "eagle3" else EAGLE1_WEIGHTS)
     model, tokenizer = load_model(args.model)
     aux = default_aux_layers(model.config.num_hidden_layers) if args.format == "eagle3" else ()
     distill_spec = DistillSpec(chat_prompts=args.chat_prompts, code_prompts=args.code_prompts,

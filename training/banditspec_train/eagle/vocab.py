@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from banditspec.eagle.features import FeatureSet
+from banditspec_train.eagle.features import FeatureSet
 
 
 def choose_draft_vocab(scores: np.ndarray, size: int, always: list[int]) -> torch.Tensor:
