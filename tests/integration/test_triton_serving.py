@@ -171,3 +171,31 @@ def test_cancelled_stream_stops_and_frees_its_slot(server, local_vanilla):
     for t in threads:
         t.join(300)
     assert all(r == local_vanilla(PROMPTS[2], 16) for r in results.values()), results
+
+
+@pytest.fixture(scope="module")
+def eagle3_server():
+    """A second server whose `eagle` arm is the shipped EAGLE-3 head (both models told)."""
+    from banditspec.paths import cache_dir
+    from banditspec_client.serve import TritonServer, free_port
+
+    log = cache_dir() / "integration-tritonserver-eagle3.log"
+    srv = TritonServer(
+        model="smollm2", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+        overrides={"banditspec": {"eagle_head": "eagle3", "max_concurrent_sequences": "2"},
+                   "eagle": {"eagle_head": "eagle3"}},
+    )
+    with srv:
+        yield srv
+
+
+def test_the_eagle3_head_through_triton_is_lossless_and_drafts(eagle3_server, local_vanilla):
+    """EAGLE-3 reads three target layers (hidden_states_layers through the target model) and
+    drafts in the `eagle` model: outputs equal plain decoding, and its drafts are accepted."""
+    accepted = 0
+    for prompt in PROMPTS:
+        result = generate_grpc(eagle3_server.grpc_url, prompt, GenerationOptions(max_tokens=MAX_TOKENS, policy="fixed:eagle"))
+        assert result.text == local_vanilla(prompt, MAX_TOKENS), f"first differing prompt: {prompt!r}"
+        assert not result.stats["dropped_arms"], result.stats["dropped_arms"]
+        accepted += sum(result.stats["accepted"])
+    assert accepted > 0, "the EAGLE-3 head drafted and some drafts were accepted"
