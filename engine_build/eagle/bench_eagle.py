@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from banditspec.drafters.eagle import DEFAULT_WEIGHTS, load_default_eagle_drafter
+from banditspec.drafters.eagle import DEFAULT_INT8, DEFAULT_WEIGHTS, load_default_eagle_drafter
 from banditspec.paths import REPO_ROOT
 from banditspec.text import prompt_ids
 from banditspec_train.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs, target_features
@@ -55,6 +55,8 @@ def main() -> int:
     parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--check-prompts", type=int, default=2, help="prompts run through the real loop")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", choices=("int8", "fp32"), default="int8" if DEFAULT_INT8 else "fp32",
+                        help="the head's weights while drafting (default: what serving uses)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "eagle" / "acceptance.json")
     args = parser.parse_args()
 
@@ -62,10 +64,12 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model("smollm2")
-    drafter = load_default_eagle_drafter(model, args.weights, min_confidence=0.0)  # the head itself: full-length drafts
+    # the head itself: full-length drafts
+    drafter = load_default_eagle_drafter(model, args.weights, min_confidence=0.0, int8=args.precision == "int8")
     in_vocab = set(drafter.draft_vocab.tolist())
     eos = tokenizer.eos_token_id
-    report: dict = {"weights": args.weights.name, "max_new_tokens": args.max_new_tokens, "workloads": {}}
+    report: dict = {"weights": args.weights.name, "precision": args.precision, "max_new_tokens": args.max_new_tokens,
+                    "workloads": {}}
     for workload, prompts in (("chat", chat_prompts(args.chat)), ("code", code_prompts(args.code))):
         if not prompts:
             continue

@@ -204,6 +204,33 @@ def test_missing_features_mean_no_draft(drafter, tiny):
         drafter.start([49152])
 
 
+def test_int8_drafting_keeps_the_heads_choices_close_and_the_loop_lossless(tiny):
+    """int8 weights (every linear layer and, for EAGLE-1, the LM-head rows) change the
+    proposals a little, never the output: drafts are verified."""
+    head = make_head(tiny)
+    fp32 = EagleDrafter(head, tiny.get_input_embeddings().weight)
+    int8 = EagleDrafter(head, tiny.get_input_embeddings().weight, int8=True)
+    assert not any(isinstance(m, torch.nn.Linear) for m in int8.head.modules())
+    assert any(isinstance(m, torch.nn.Linear) for m in head.modules())  # the given head is not changed
+    prompt = random_ids(16, seed=7)
+    hidden = target_hidden(tiny, prompt)
+    agree, cosines = 0, []
+    for cut in range(6, 16):
+        sessions = [d.start(prompt[:cut]) for d in (fp32, int8)]
+        for session in sessions:
+            session.observe([], hidden[: cut - 1])
+        states = [s._commit_pending() for s in sessions]
+        logits = [d.logits(st) for d, st in zip((fp32, int8), states)]
+        cosines.append(float(torch.nn.functional.cosine_similarity(states[0].reshape(-1), states[1].reshape(-1), dim=0)))
+        agree += int(logits[0].argmax() == logits[1].argmax())
+    # a random head with large weights amplifies the error; the real head's acceptance in int8
+    # is benchmarked (engine_build/eagle/bench_eagle.py --precision)
+    assert float(np.median(cosines)) > 0.99 and agree >= 5
+    plain = greedy_speculative(tiny, int8, prompt, gamma=0, max_new_tokens=24, eos_id=None)
+    spec = greedy_speculative(tiny, int8, prompt, gamma=4, max_new_tokens=24, eos_id=None)
+    assert spec.output_ids == plain.output_ids
+
+
 def test_speculative_loop_output_equals_plain_greedy(drafter, tiny):
     prompt = random_ids(12, seed=6)
     plain = greedy_speculative(tiny, drafter, prompt, gamma=0, max_new_tokens=24, eos_id=None)
@@ -253,6 +280,18 @@ def test_shipped_weights_load():
     assert int(vocab.min()) >= 0 and int(vocab.max()) < 49152
     info = json.loads(EAGLE1_WEIGHTS.with_suffix(".json").read_text())
     assert info["distill"]["chat_prompts"] > 0 and len(info["metrics"]["val_top1_per_step"]) >= 1
+    from banditspec.drafters.eagle import DEFAULT_INT8
+
+    assert load_default_eagle_drafter(tiny_smollm2_shape(), EAGLE1_WEIGHTS).int8 == DEFAULT_INT8
+
+
+def tiny_smollm2_shape():
+    """A stand-in target with SmolLM2's embedding shape (what the loader checks and reads)."""
+    from types import SimpleNamespace
+
+    embedding = torch.nn.Embedding(49152, 576)
+    config = SimpleNamespace(hidden_size=576, vocab_size=49152, eos_token_id=2)
+    return SimpleNamespace(config=config, get_input_embeddings=lambda: embedding)
 
 
 @pytest.mark.slow
