@@ -522,9 +522,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="when a model process dies: restart tritonserver (default) or exit non-zero (exit code 3)")
     parser.add_argument("--drain-seconds", type=float, default=30.0,
                         help="after the eagle process dies: restart once no request is active, or after this long")
+    parser.add_argument("--hang-seconds", type=_hang_seconds, default=60.0,
+                        help="a target or eagle process that completes nothing for this long gets a one-token probe; "
+                             "no answer within as long again (or Triton's 'not healthy') counts as its death (0: off)")
     parser.add_argument("--openai-port", type=int, default=9000, help="OpenAI-compatible HTTP API port (default 9000)")
     parser.add_argument("--openai-host", default=None, help="OpenAI API address (default: --host)")
     parser.add_argument("--no-openai", dest="openai", action="store_false", help="do not serve the OpenAI API")
+
+
+def _hang_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no hang detection), got {text!r}")
+    return value
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
@@ -592,7 +605,8 @@ def run(args) -> int:
               f"({'from ' + ADMIN_KEY_ENV if os.environ.get(ADMIN_KEY_ENV) else 'random key: locked'})",
               file=sys.stderr, flush=True)
         return Supervisor(server, on_stub_death=getattr(args, "on_stub_death", "restart"),
-                          drain_s=getattr(args, "drain_seconds", 30.0)).run(stop_event)
+                          drain_s=getattr(args, "drain_seconds", 30.0),
+                          hang_s=getattr(args, "hang_seconds", 60.0)).run(stop_event)
     finally:
         if openai_api is not None:
             openai_api.stop()
