@@ -33,11 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from banditspec_client.serve import TritonServer, free_port
+    from banditspec_client.serve import TritonServer
     from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
     log = cache_dir() / "demo-tritonserver.log"
-    server = TritonServer(model=args.model, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log)
+    server = TritonServer(model=args.model, http_port=0, grpc_port=0, metrics_port=0, log_path=log)
     print(f"starting tritonserver with model {args.model} (log: {log}) ...", flush=True)
     rows = []
     with server:

@@ -22,7 +22,7 @@ from collections import Counter
 import numpy as np
 
 from banditspec.paths import cache_dir
-from banditspec_client.serve import TritonServer, free_port
+from banditspec_client.serve import TritonServer
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.soak.expected import VanillaReference
 from banditspec_client.soak.processes import server_processes, shm_bytes
@@ -46,7 +46,7 @@ def run_overload(model: str, clients: int, seconds: float, max_concurrent: int, 
     log = cache_dir() / "overload-tritonserver.log"
     log.write_bytes(b"")
     server = TritonServer(
-        model=model, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+        model=model, http_port=0, grpc_port=0, metrics_port=0, log_path=log,
         overrides={"banditspec": {"drafters": "pld,suffix", "max_concurrent_sequences": str(max_concurrent)}},
     )
     outcomes: Counter = Counter()

@@ -10,8 +10,11 @@ the venv's ``bin`` is first on ``PATH`` so that the stubs import this package.
 from __future__ import annotations
 
 import argparse
+import collections
+import fcntl
 import importlib.util
 import os
+import random
 import re
 import shutil
 import signal
@@ -107,14 +110,150 @@ def render_repository(overrides: Mapping[str, Mapping[str, str]], source: Path =
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "banditspec-ports"
+PORT_FIELDS = ("http_port", "grpc_port", "metrics_port")
+_reserved: dict[int, int] = {}  # port -> descriptor of its lock file (the reservation), held until release_port
+_port_random = random.Random()  # private: a test that seeds `random` must not make processes pick alike
+
+
+class PortInUseError(RuntimeError):
+    """tritonserver cannot listen on a port it was told to use; ``field`` names the setting."""
+
+    def __init__(self, field: str, port: int, host: str, detail: str = ""):
+        self.field, self.port = field, port
+        super().__init__(f"{field} {port}: {host}:{port} is already in use by another process"
+                         f"{' (' + detail + ')' if detail else ''}; choose another port or stop that process")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a listening socket could bind ``host:port`` now (SO_REUSEADDR, as tritonserver
+    binds: a port in TIME_WAIT counts as free, one another socket holds does not)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _reserve(port: int) -> bool:
+    """Take this machine's advisory lock on ``port`` (a lock file under PORT_LOCK_DIR), held
+    until :func:`release_port` or the end of this process; False when another process has it."""
+    if port in _reserved:
+        return False
+    try:
+        PORT_LOCK_DIR.mkdir(mode=0o777, exist_ok=True)
+        fd = os.open(PORT_LOCK_DIR / f"{port}.lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _reserved[port] = fd
+    return True
+
+
+def release_port(port: int) -> None:
+    fd = _reserved.pop(port, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for a server that binds it later (tritonserver binds
+    its ports only after loading every model: seconds to minutes). Two things could take it
+    meanwhile, and neither can: the port lies below the kernel's ephemeral range, so no
+    outgoing connection gets it as its local port; and it is reserved (a lock file) against
+    every other process of this machine that picks ports here, until :func:`release_port` or
+    the end of this process. Anything else that binds it in that window makes tritonserver
+    fail; :class:`TritonServer` then picks again (``PortInUseError`` for a port it was given)."""
+    low, _ = _ephemeral_range()
+    first = 20000 if low > 21000 else 1024
+    for _ in range(500):
+        if low - first >= 1000:
+            port = _port_random.randrange(first, low)
+        else:  # an unusual ephemeral range: let the kernel choose
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        if not _reserve(port):
+            continue
+        if port_is_free(host, port):
+            return port
+        release_port(port)
+    raise RuntimeError("free_port: no free port found in 500 tries")
+
+
+_PORT_IN_USE = re.compile(r"failed to start (\w+) service: .*Socket '(?P<address>[^']*):(?P<port>\d+)' already in use")
+PORT_RETRIES = 5  # start-ups tried again with a fresh port when an automatic one was taken
+
+
+class _OutputTail:
+    """Drains tritonserver's output (and its stubs') into its log file, or nowhere, keeping
+    the last lines: a failed start-up can then say why."""
+
+    def __init__(self, stream, log_path: Path | None, keep: int = 200):
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self.thread = threading.Thread(target=self._run, args=(stream, log_path), daemon=True, name="tritonserver-output")
+        self.thread.start()
+
+    def _run(self, stream, log_path: Path | None) -> None:
+        sink = open(log_path, "ab") if log_path else None
+        try:
+            for line in iter(stream.readline, b""):
+                self.lines.append(line.decode(errors="replace").rstrip())
+                if sink is not None:
+                    try:
+                        sink.write(line)
+                        sink.flush()
+                    except OSError:
+                        pass  # keep draining: a full pipe would stall the server
+        finally:
+            stream.close()
+            if sink is not None:
+                sink.close()
+
+    def port_in_use(self, wait_s: float = 2.0) -> int | None:
+        """The port tritonserver said it could not listen on, None if it said nothing of that
+        kind (waits up to ``wait_s`` for its last lines)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for line in reversed(self.lines):
+                match = _PORT_IN_USE.search(line)
+                if match:
+                    return int(match.group("port"))
+            if not self.thread.is_alive() or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+    def last_error(self) -> str:
+        errors = [line for line in self.lines if line.startswith("E") or "error" in line.lower()]
+        return errors[-1].strip() if errors else ""
 
 
 class TritonServer:
-    """A tritonserver process serving this project's models; a context manager."""
+    """A tritonserver process serving this project's models; a context manager.
+
+    A port given as 0 is chosen here (:func:`free_port`); should another process take it
+    before tritonserver listens, the start-up is tried again with a fresh one. A port given
+    explicitly that is taken fails with :class:`PortInUseError` naming it. Once the server
+    has been ready, its ports stay (a restart reuses them: clients know them)."""
 
     def __init__(
         self,
@@ -132,6 +271,14 @@ class TritonServer:
     ):
         self.model = model
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        for field in PORT_FIELDS:
+            port = getattr(self, field)
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise ValueError(f"{field}: expected a port number 0-65535 (0: any free port), got {port!r}")
+        self._auto_ports = {f for f in PORT_FIELDS if getattr(self, f) == 0}  # chosen here, may move until ready
+        self._ports_fixed = False
+        self._output: _OutputTail | None = None
+        self.port_retries = 0  # start-ups tried again because an automatic port was taken
         merged: dict[str, dict[str, str]] = {"target": {"target_model": model}, "banditspec": {"target_model": model}}
         if (Path(source) / "eagle" / "config.pbtxt").exists():
             merged["eagle"] = {"target_model": model}
@@ -177,17 +324,53 @@ class TritonServer:
             *self.extra_args,
         ]
 
+    def _choose_ports(self) -> None:
+        """Fill the automatic ports; check that every port is free now (an explicit one that
+        is not fails at once, before minutes of model loading)."""
+        for field in PORT_FIELDS:
+            port = getattr(self, field)
+            movable = field in self._auto_ports and not self._ports_fixed
+            if movable and (port == 0 or not port_is_free(self.host, port)):
+                if port:
+                    release_port(port)
+                setattr(self, field, free_port(self.host))
+            elif not port_is_free(self.host, port):
+                raise PortInUseError(field, port, self.host)
+
     def start(self) -> "TritonServer":
+        self._choose_ports()
         _prebuild(self.model, self.overrides)
         self.repository = render_repository(self.overrides, self.source)
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            self.command(), env=server_environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            self.command(), env=server_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
+        self._output = _OutputTail(self.process.stdout, self.log_path)
         from banditspec_client.supervisor import StubWatch
 
         self.watch = StubWatch(self.process.pid)
         return self
+
+    def _failed_start(self) -> None:
+        """tritonserver exited before it was ready: start again on a fresh port if an
+        automatic one was taken meanwhile (returns), raise otherwise."""
+        code = self.process.returncode if self.process is not None else None
+        taken = self._output.port_in_use() if self._output is not None else None
+        field = next((f for f in PORT_FIELDS if taken is not None and getattr(self, f) == taken), None)
+        if field is not None and field in self._auto_ports and not self._ports_fixed and self.port_retries < PORT_RETRIES:
+            self.port_retries += 1
+            print(f"tritonserver: {field} {taken} was taken before it could listen; starting again on another port",
+                  file=sys.stderr, flush=True)
+            self.stop(timeout=5)
+            release_port(taken)
+            setattr(self, field, 0)
+            self.start()
+            return
+        if field is not None:
+            self.stop(timeout=5)
+            raise PortInUseError(field, taken, self.host, "tritonserver could not listen there")
+        detail = self._output.last_error() if self._output is not None else ""
+        raise RuntimeError(f"tritonserver exited with code {code} (log: {self.log_path}){': ' + detail if detail else ''}")
 
     def is_ready(self) -> bool:
         try:
@@ -196,12 +379,20 @@ class TritonServer:
         except OSError:
             return False
 
-    def wait_ready(self, timeout: float = 600) -> None:
+    def wait_ready(self, timeout: float = 600, cancel: threading.Event | None = None) -> None:
+        """Until ready (returns), ``cancel`` is set (returns), the time is up (TimeoutError)
+        or the server exits (RuntimeError; PortInUseError for a taken port it was given)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with code {self.process.returncode} (log: {self.log_path})")
+            if cancel is not None and cancel.is_set():
+                return
+            if self.process is None:
+                raise RuntimeError("tritonserver is not running (start() first)")
+            if self.process.poll() is not None:
+                self._failed_start()  # returns when it started again on a fresh port
+                continue
             if self.is_ready():
+                self._ports_fixed = True
                 if self.watch is not None:
                     self.watch.poll()  # remember the stubs' regions while they live
                 return
@@ -224,6 +415,8 @@ class TritonServer:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         _kill_group(proc.pid)
+        if self._output is not None:
+            self._output.thread.join(timeout=5)  # ends when every process holding its pipe is gone
         for region in regions:  # left behind only when the server had to be killed
             try:
                 os.unlink(Path("/dev/shm") / region)
@@ -231,6 +424,7 @@ class TritonServer:
                 pass
         if self.repository is not None:
             shutil.rmtree(self.repository, ignore_errors=True)
+            self.repository = None
         return proc.returncode
 
     def __enter__(self) -> "TritonServer":
@@ -244,6 +438,8 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        for field in self._auto_ports:
+            release_port(getattr(self, field))
 
 
 RESTRICTED_APIS = "model-repository,shared-memory,statistics,trace,logging"  # as the GPU image
@@ -314,9 +510,9 @@ def _prebuild(model: str, overrides: Mapping[str, Mapping[str, str]]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--http-port", type=int, default=8000, help="0: any free port")
+    parser.add_argument("--grpc-port", type=int, default=8001, help="0: any free port")
+    parser.add_argument("--metrics-port", type=int, default=8002, help="0: any free port")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.PARAM=VALUE",
                         help="override a config.pbtxt parameter, e.g. banditspec.default_policy=exp3spec")
     parser.add_argument("--log-file", type=Path, default=None, help="server log (default: the terminal)")
@@ -326,9 +522,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="when a model process dies: restart tritonserver (default) or exit non-zero (exit code 3)")
     parser.add_argument("--drain-seconds", type=float, default=30.0,
                         help="after the eagle process dies: restart once no request is active, or after this long")
+    parser.add_argument("--hang-seconds", type=_hang_seconds, default=60.0,
+                        help="a target or eagle process that completes nothing for this long gets a one-token probe; "
+                             "no answer within as long again (or Triton's 'not healthy') counts as its death (0: off)")
     parser.add_argument("--openai-port", type=int, default=9000, help="OpenAI-compatible HTTP API port (default 9000)")
     parser.add_argument("--openai-host", default=None, help="OpenAI API address (default: --host)")
     parser.add_argument("--no-openai", dest="openai", action="store_false", help="do not serve the OpenAI API")
+
+
+def _hang_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0: no hang detection), got {text!r}")
+    return value
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
@@ -363,14 +572,17 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(f"starting tritonserver (model {args.model}) ...", file=sys.stderr, flush=True)
-    server.start()
     openai_api = None
     try:
-        while not stop["requested"] and not server.is_ready():
-            if server.process.poll() is not None:
-                print("tritonserver exited during start-up", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
+        try:
+            server.start()
+            server.wait_ready(timeout=24 * 3600, cancel=stop_event)
+        except PortInUseError as exc:
+            print(f"banditspec serve: {exc.flag} {exc.port}: {str(exc).split(': ', 1)[1]}", file=sys.stderr, flush=True)
+            return 1
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"tritonserver exited during start-up: {exc}", file=sys.stderr, flush=True)
+            return 1
         if not stop["requested"] and getattr(args, "openai", False):
             from banditspec_client.openai_api.server import OpenAIServer
 
@@ -393,7 +605,8 @@ def run(args) -> int:
               f"({'from ' + ADMIN_KEY_ENV if os.environ.get(ADMIN_KEY_ENV) else 'random key: locked'})",
               file=sys.stderr, flush=True)
         return Supervisor(server, on_stub_death=getattr(args, "on_stub_death", "restart"),
-                          drain_s=getattr(args, "drain_seconds", 30.0)).run(stop_event)
+                          drain_s=getattr(args, "drain_seconds", 30.0),
+                          hang_s=getattr(args, "hang_seconds", 60.0)).run(stop_event)
     finally:
         if openai_api is not None:
             openai_api.stop()

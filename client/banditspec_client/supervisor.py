@@ -21,10 +21,26 @@ So the supervisor watches the stubs itself (every ``poll_s``) and, when one dies
   stop, clean up and exit non-zero, for a process manager (``docker --restart``, systemd,
   Kubernetes) to act on.
 * the server exiting on its own is handled like a dead ``target``.
+
+A stub can also stop working without dying (stopped, deadlocked, stuck in native code). The
+supervisor then sees no death, so it watches progress too (:class:`HangWatch`, every
+``poll_s``, for ``target`` and ``eagle``; off with ``hang_s=0``): from the metrics port, each
+model's completed executions (``nv_inference_exec_count``) and Triton's backend failures
+(``nv_inference_request_failure{reason="BACKEND"}``, which is what a request to a stub
+Triton's own health check finds unresponsive gets: "Stub process '<model>_0_0' is not
+healthy"); from ``/proc``, its stub's CPU time. A model that neither completed nor computed
+anything for ``hang_s``, or whose requests fail that way, gets a probe: one tiny real
+request of its own (a one-token verify for ``target``, a forget-this-sequence call for
+``eagle``) over HTTP. A probe waits its turn behind real batches, and any progress meanwhile
+clears it, so a busy model is never judged by it: the model is *hung* when the probe is
+answered "not healthy", or gets no answer within ``hang_s`` while the model made no progress
+either (:class:`ProgressWatch`). A hung stub is then handled exactly as a dead one (restart,
+or exit 3).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -35,6 +51,7 @@ from typing import Callable
 STUB_BINARY = b"triton_python_backend_stub"
 OPTIONAL_MODELS = frozenset({"eagle"})  # their death degrades service, it does not stop it
 EXIT_STUB_DIED = 3
+DEFAULT_HANG_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +117,196 @@ class StubWatch:
         return dead
 
 
+PROBED_MODELS = ("target", "eagle")
+TARGET_PROBE = {"inputs": [  # one token in, one out: a verify call the size of a decoding step
+    {"name": "input_ids", "shape": [1, 1], "datatype": "INT32", "data": [1]},
+    {"name": "input_lengths", "shape": [1, 1], "datatype": "INT32", "data": [1]},
+    {"name": "request_output_len", "shape": [1, 1], "datatype": "INT32", "data": [1]},
+]}
+EAGLE_PROBE = {"inputs": [  # forget a sequence no controller uses (the largest id): no draft, no state
+    {"name": "sequence_id", "shape": [1], "datatype": "UINT64", "data": [2**64 - 1]},
+    {"name": "end", "shape": [1], "datatype": "BOOL", "data": [True]},
+]}
+PROBES = {"target": TARGET_PROBE, "eagle": EAGLE_PROBE}
+UNHEALTHY = "not healthy"  # Triton 2.51: "Stub process '<model>_0_0' is not healthy."
+
+# probe outcomes
+ANSWERED, UNHEALTHY_ANSWER, NO_ANSWER, UNREACHABLE = "answered", "unhealthy", "no answer", "unreachable"
+# verdicts of ProgressWatch.observe
+OK, PROBE, HUNG = "ok", "probe", "hung"
+BUSY_CPU = 0.1  # a stub using this share of a core (or more) between two samples is working: progress
+
+
+class ProgressWatch:
+    """When one model is hung, from samples of its counters at times the caller gives (no
+    clock, thread or I/O of its own: tested with a fake clock).
+
+    Progress is a completed execution, or CPU time the stub used (at least ``BUSY_CPU`` of a
+    core since the previous sample: an idle stub uses ~0, one computing a forward pass a whole
+    core; a stopped or deadlocked one none). ``observe`` returns PROBE when the model made no
+    progress for ``quiet_s``, or when Triton failed requests to it at the backend (its health
+    check found the stub unresponsive) while it completed nothing; HUNG when a probe was
+    answered "not healthy", or found no answer within ``probe_timeout_s`` while the model made
+    no progress since the probe was sent. So a model that keeps completing batches, however
+    slowly, or keeps computing one long batch (8 prompts of 1536 tokens are one forward pass
+    of minutes on a CPU) is never judged hung; a stub spinning in a loop is not found either."""
+
+    def __init__(self, quiet_s: float, probe_timeout_s: float):
+        if not quiet_s > 0 or not probe_timeout_s > 0:
+            raise ValueError(f"hang_s: expected seconds > 0, got {quiet_s!r} / {probe_timeout_s!r}")
+        self.quiet_s, self.probe_timeout_s = quiet_s, probe_timeout_s
+        self.executions: float | None = None
+        self.failures: float | None = None
+        self.progress_at: float | None = None  # last progress (or when watching began)
+        self.probe_at: float | None = None  # when the probe in flight was sent
+        self.cpu: tuple[float, float] | None = None  # (time, the stub's CPU seconds) at the previous sample
+        self.reason = ""  # why HUNG
+
+    def observe(self, now: float, executions: float | None, failures: float | None = None,
+                cpu_s: float | None = None) -> str:
+        if executions is None:  # the model is not served, or the metrics were unreadable
+            return HUNG if self.reason else OK
+        working = False
+        if cpu_s is not None:
+            if self.cpu is not None:
+                then, used = self.cpu
+                working = cpu_s > used and cpu_s - used >= BUSY_CPU * (now - then)
+            self.cpu = (now, cpu_s)
+        failing = False
+        if self.executions is None or executions != self.executions or working:
+            self.executions, self.progress_at = executions, now
+        elif failures is not None and self.failures is not None and failures > self.failures:
+            failing = True  # requests fail at the backend and nothing completes
+        if failures is not None:
+            self.failures = failures
+        if self.reason:
+            return HUNG
+        assert self.progress_at is not None
+        if self.probe_at is not None:
+            if self.progress_at >= self.probe_at:
+                return OK  # progress since: busy, not hung (the probe's answer will come)
+            if now - self.probe_at >= self.probe_timeout_s:
+                self.reason = f"no answer to a probe in {now - self.probe_at:.1f} s and no progress for {now - self.progress_at:.1f} s"
+                return HUNG
+            return OK
+        if failing or now - self.progress_at >= self.quiet_s:
+            return PROBE
+        return OK
+
+    def probe_sent(self, now: float) -> None:
+        self.probe_at = now
+
+    def probe_finished(self, now: float, outcome: str, detail: str = "") -> None:
+        sent, self.probe_at = self.probe_at, None
+        if outcome == UNHEALTHY_ANSWER:
+            self.reason = f"Triton answered a probe with {detail!r}"
+        elif outcome == NO_ANSWER and sent is not None and (self.progress_at is None or self.progress_at < sent):
+            since = sent if self.progress_at is None else self.progress_at
+            self.reason = f"no answer to a probe in {now - sent:.1f} s and no progress for {now - since:.1f} s"
+        else:  # answered, or unreachable (the server is going away: its exit is seen on its own)
+            self.progress_at = now
+
+
+def probe_model(http_url: str, model: str, timeout_s: float) -> tuple[str, str]:
+    """Send ``model`` its probe; (outcome, detail). Any answer from the model itself, an
+    error included (e.g. eagle "not served here"), is ANSWERED."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps(PROBES[model]).encode()
+    request = urllib.request.Request(f"http://{http_url}/v2/models/{model}/infer", data=body,
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            resp.read()
+            return ANSWERED, str(resp.status)
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        return (UNHEALTHY_ANSWER if UNHEALTHY in text else ANSWERED), text[:200]
+    except TimeoutError as exc:
+        return NO_ANSWER, str(exc)
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            return NO_ANSWER, str(exc.reason)
+        return UNREACHABLE, str(exc.reason)
+    except OSError as exc:  # reset, refused
+        return UNREACHABLE, str(exc)
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def model_counters(metrics_port: int, models) -> dict[str, tuple[float | None, float | None]] | None:
+    """{model: (completed executions, backend failures)} from Triton's own per-model metrics;
+    None when the metrics port does not answer."""
+    from banditspec_client.prometheus_text import metric_value, scrape_metrics
+
+    try:
+        series = scrape_metrics(metrics_port)
+    except Exception:
+        return None
+    return {m: (metric_value(series, "nv_inference_exec_count", model=m),
+                metric_value(series, "nv_inference_request_failure", model=m, reason="BACKEND")) for m in models}
+
+
+class HangWatch:
+    """The progress of one server's ``target`` and ``eagle`` (:class:`ProgressWatch` each),
+    with their probes sent from daemon threads; ``check()`` names the hung ones. ``stubs()``
+    gives each model's stub pid (for its CPU time)."""
+
+    def __init__(self, server, hang_s: float, *, models=PROBED_MODELS, clock: Callable[[], float] = time.monotonic,
+                 counters=None, probe=None, stubs: Callable[[], dict[str, int]] | None = None,
+                 cpu: Callable[[int], float | None] | None = None):
+        self.server, self.hang_s, self.models = server, hang_s, tuple(models)
+        self.clock = clock
+        self.counters = counters or model_counters
+        self.probe = probe or probe_model
+        self.stubs = stubs or dict
+        self.cpu = cpu or cpu_seconds
+        self.watches = {m: ProgressWatch(hang_s, hang_s) for m in self.models}
+        self._lock = threading.Lock()
+
+    def _send(self, model: str) -> None:
+        watch = self.watches[model]
+        watch.probe_sent(self.clock())
+
+        def run():
+            outcome, detail = self.probe(self.server.http_url, model, self.hang_s)
+            with self._lock:
+                watch.probe_finished(self.clock(), outcome, detail)
+
+        threading.Thread(target=run, daemon=True, name=f"probe-{model}").start()
+
+    def check(self) -> dict[str, str]:
+        """{model: why it is hung} for the models found hung now."""
+        counts = self.counters(self.server.metrics_port, self.models)
+        if counts is None:
+            return {}
+        pids = self.stubs()
+        hung = {}
+        with self._lock:
+            now = self.clock()
+            for model, watch in self.watches.items():
+                executions, failures = counts.get(model, (None, None))
+                cpu_s = self.cpu(pids[model]) if model in pids else None
+                verdict = watch.observe(now, executions, failures, cpu_s)
+                if verdict == PROBE:
+                    self._send(model)
+                elif verdict == HUNG:
+                    hung[model] = watch.reason
+        return hung
+
+
 def active_sequences(metrics_port: int) -> float | None:
     """``nv_banditspec_active_sequences`` summed over models; None when unreadable."""
     from banditspec_client.prometheus_text import metric_total, scrape_metrics
@@ -124,10 +331,17 @@ class Supervisor:
         max_restarts: int = 5,
         window_s: float = 600.0,
         ready_timeout_s: float = 600.0,
+        hang_s: float = DEFAULT_HANG_S,
         log: Callable[[str], None] | None = None,
     ):
         if on_stub_death not in ("restart", "exit"):
             raise ValueError(f"on_stub_death: expected 'restart' or 'exit', got {on_stub_death!r}")
+        if isinstance(hang_s, bool) or not isinstance(hang_s, (int, float)) or not hang_s >= 0:
+            raise ValueError(f"hang_s: expected seconds >= 0 (0: no hang detection), got {hang_s!r}")
+        self.hang_s = float(hang_s)
+        self._hangs: HangWatch | None = None
+        self._hangs_of: object = None  # the server process that watch belongs to
+        self._hung_logged: set[str] = set()  # models whose hang was logged, for that watch
         self.server = server
         self.on_stub_death = on_stub_death
         self.poll_s, self.grace_s, self.drain_s = poll_s, grace_s, drain_s
@@ -139,7 +353,29 @@ class Supervisor:
     def _dead_or_exited(self) -> tuple[list[Stub], bool]:
         exited = self.server.process is None or self.server.process.poll() is not None
         dead = [] if self.server.watch is None else self.server.watch.poll()
+        if not dead and not exited:
+            dead = self._hung()
         return dead, exited
+
+    def _hung(self) -> list[Stub]:
+        """The stubs of the models found hung (see :class:`HangWatch`); a new server gets a new watch."""
+        if not self.hang_s:
+            return []
+        if self._hangs is None or self._hangs_of is not self.server.process:
+            watch = self.server.watch
+            self._hangs = HangWatch(self.server, self.hang_s, stubs=lambda: {
+                s.model: s.pid for s in (watch.known.values() if watch is not None else ())})
+            self._hangs_of = self.server.process
+            self._hung_logged = set()
+        hung = self._hangs.check()
+        if not hung:
+            return []
+        known = {} if self.server.watch is None else {s.model: s for s in self.server.watch.known.values()}
+        for model, why in hung.items():
+            if model not in self._hung_logged:  # once (a hung eagle is seen again at each poll of its drain)
+                self._hung_logged.add(model)
+                self.log(f"supervisor: {model} is hung: {why}")
+        return [known.get(model, Stub(0, model, "")) for model in hung]
 
     def _drain(self, stop: threading.Event) -> list[Stub]:
         """Wait until no sequence is active or ``drain_s`` passed; returns further deaths
@@ -165,7 +401,7 @@ class Supervisor:
                     stop.wait(self.poll_s)
                     continue
                 names = ", ".join(f"{s.model} (pid {s.pid})" for s in dead) or "none"
-                self.log(f"supervisor: stub died: {names}; tritonserver {'exited' if exited else 'running'}")
+                self.log(f"supervisor: stub died or hung: {names}; tritonserver {'exited' if exited else 'running'}")
                 if dead and not exited and all(s.model in OPTIONAL_MODELS for s in dead):
                     self.log(f"supervisor: requests continue without {names}; draining (at most {self.drain_s:.0f} s)")
                     self._drain(stop)

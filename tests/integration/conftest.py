@@ -9,15 +9,15 @@ from banditspec.paths import cache_dir
 
 @pytest.fixture(scope="session")
 def server():
-    from banditspec_client.serve import TritonServer, free_port
+    from banditspec_client.serve import TritonServer
 
     log = cache_dir() / "integration-tritonserver.log"
     log.write_bytes(b"")
     srv = TritonServer(
         model="smollm2",
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
         log_path=log,
         overrides={"banditspec": {"max_concurrent_sequences": "4"}},
     )

@@ -78,11 +78,11 @@ def test_concurrent_mixed_gamma_requests_share_forward_passes_and_equal_their_so
 def ucb_server():
     """A tiny-model server whose banditspec model caps every request with the ucb controller."""
     from banditspec.paths import cache_dir
-    from banditspec_client.serve import TritonServer, free_port
+    from banditspec_client.serve import TritonServer
 
     overrides = {"banditspec": {"gamma_controller": "ucb", "gamma_controller_max": "2", "drafters": "pld", "max_concurrent_sequences": "4"}}
     srv = TritonServer(
-        model="tiny", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+        model="tiny", http_port=0, grpc_port=0, metrics_port=0,
         overrides=overrides, log_path=cache_dir() / "integration-ucb-tritonserver.log",
     )
     with srv:

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from banditspec.paths import cache_dir  # noqa: E402
-from banditspec_client.serve import TritonServer, free_port  # noqa: E402
+from banditspec_client.serve import TritonServer  # noqa: E402
 from banditspec_client.supervisor import list_stubs  # noqa: E402
 from banditspec_client.triton_client import GenerationOptions, generate_grpc  # noqa: E402
 
@@ -58,7 +58,7 @@ def fuzz_server():
     log = cache_dir() / "fuzz-tritonserver.log"
     log.write_bytes(b"")
     server = TritonServer(
-        model="tiny", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+        model="tiny", http_port=0, grpc_port=0, metrics_port=0, log_path=log,
         overrides={"banditspec": {"drafters": "pld,suffix", "max_tokens_limit": "16", "max_concurrent_sequences": "8"}},
     )
     with server:

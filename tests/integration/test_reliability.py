@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from banditspec.paths import cache_dir
-from banditspec_client.serve import TritonServer, free_port
+from banditspec_client.serve import TritonServer
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.soak.expected import VanillaReference
 from banditspec_client.soak.processes import leftovers, server_processes
@@ -37,7 +37,7 @@ def start_server(name: str, **overrides) -> TritonServer:
     log = cache_dir() / f"reliability-{name}.log"
     log.write_bytes(b"")
     server = TritonServer(
-        model="tiny", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+        model="tiny", http_port=0, grpc_port=0, metrics_port=0, log_path=log,
         overrides=overrides,
     )
     return server.__enter__()

@@ -1,6 +1,6 @@
 """``banditspec serve`` as a black box: a model process dies (SIGKILL to a Python-backend
-stub) under load; exposure (restricted APIs, listen address); status codes as a client sees
-them. Against ``banditspec serve`` itself: the real command, its supervisor and a real tritonserver
+stub) under load, or hangs without dying (SIGSTOP); exposure (restricted APIs, listen address);
+status codes as a client sees them. Against ``banditspec serve`` itself: the real command, its supervisor and a real tritonserver
 (tiny random-weight model). docs/reliability.md ("Crash recovery", "Exposure") says what
 must happen; each test checks it from the outside: in-flight requests end within a bound,
 health tells the truth, service resumes without a person, no /dev/shm leftovers, outputs
@@ -35,6 +35,7 @@ PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.", "L
 EAGLE_MAX_TOKENS = 100
 IN_FLIGHT_BOUND_S = 20  # every in-flight request has its answer (or error) this soon after the kill
 RECOVERY_BOUND_S = 180  # ready again, on a fresh server, this soon after the kill
+HANG_S = 5  # --hang-seconds: a model that completes nothing this long is probed (default 60)
 
 
 def _serve_flags() -> str:
@@ -53,9 +54,9 @@ _NO_OPENAI = ["--no-openai"] if "--no-openai" in _serve_flags() else []  # the O
 class Served:
     """``banditspec serve`` as a child process."""
 
-    def __init__(self, *extra: str):
+    def __init__(self, *extra: str, name: str = "crash-recovery-serve"):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.log = cache_dir() / "crash-recovery-serve.log"
+        self.log = cache_dir() / f"{name}.log"
         self.log.write_bytes(b"")
         env = dict(os.environ, BANDITSPEC_ADMIN_KEY=ADMIN_KEY)
         command = [
@@ -119,9 +120,8 @@ class Served:
         return self.process.returncode
 
 
-@pytest.fixture(scope="module")
-def served():
-    srv = Served()
+def _serving(*extra: str, name: str = "crash-recovery-serve"):
+    srv = Served(*extra, name=name)
     try:
         srv.wait_ready(300)
         yield srv
@@ -129,6 +129,20 @@ def served():
         srv.stop()
         for region in srv.regions_seen:  # never leave this module's regions behind, whatever the verdict
             (Path("/dev/shm") / region).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def served():
+    """``banditspec serve`` with its defaults (hang detection too: --hang-seconds 60, which
+    the load of these tests must never trip)."""
+    yield from _serving()
+
+
+@pytest.fixture(scope="module")
+def served_watching_hangs():
+    """A second server for the hang tests (after the first has stopped): --hang-seconds HANG_S,
+    and a fresh restart budget (more than 5 restarts in 10 minutes makes serve give up)."""
+    yield from _serving("--hang-seconds", str(HANG_S), name="hang-serve")
 
 
 @pytest.fixture(scope="module")
@@ -166,12 +180,12 @@ def _load(served, n_grpc: int = 3, n_http: int = 1, max_tokens: int = 1000):
     return threads, outcomes
 
 
-def _kill_and_watch(served, model: str):
-    """SIGKILL the stub of ``model``; returns (old stubs, kill time, seconds until the old server
-    stopped answering ready, seconds until ready again on a new server)."""
+def _kill_and_watch(served, model: str, sig: int = signal.SIGKILL):
+    """SIGKILL (or ``sig``) the stub of ``model``; returns (old stubs, signal time, seconds until the
+    old server stopped answering ready, seconds until ready again on a new server)."""
     old_server = served.tritonserver_pid()
     old = served.stubs()
-    os.kill(old[model].pid, signal.SIGKILL)
+    os.kill(old[model].pid, sig)
     killed = time.monotonic()
     went_down = None
     while True:
@@ -206,8 +220,12 @@ def _exact_after(served, reference):
 
 @pytest.mark.parametrize("model", ["target", "banditspec"])
 def test_a_dead_required_stub_fails_in_flight_requests_then_the_server_restarts(served, reference, model):
+    _in_flight_fail_then_the_server_restarts(served, reference, model, signal.SIGKILL, down_within_s=5)
+
+
+def _in_flight_fail_then_the_server_restarts(served, reference, model, sig, down_within_s):
     threads, outcomes = _load(served)
-    old, killed, went_down, recovered = _kill_and_watch(served, model)
+    old, killed, went_down, recovered = _kill_and_watch(served, model, sig)
     for t in threads:
         t.join(IN_FLIGHT_BOUND_S)
     assert len(outcomes) == len(threads), f"a client still waits {IN_FLIGHT_BOUND_S} s after {model} died"
@@ -215,10 +233,10 @@ def test_a_dead_required_stub_fails_in_flight_requests_then_the_server_restarts(
         assert kind == "error", f"request {i} finished after {model} died: impossible for 1000 tokens"
         assert at - killed < IN_FLIGHT_BOUND_S, f"request {i} ended {at - killed:.1f} s after the kill"
         assert "Traceback" not in detail and ".py" not in detail, detail
-    assert went_down < 5, f"the broken server still answered ready {went_down:.1f} s after {model} died"
-    _no_leftovers(old)
+    assert went_down < down_within_s, f"the broken server still answered ready {went_down:.1f} s after {model} died"
+    _no_leftovers(old)  # a stopped stub is killed with its server, its region removed
     _exact_after(served, reference)
-    print(f"{model}: down after {went_down:.1f} s, ready after {recovered:.1f} s; in-flight: "
+    print(f"{model} ({signal.Signals(sig).name}): down after {went_down:.1f} s, ready after {recovered:.1f} s; in-flight: "
           + "; ".join(f"{at - killed:.1f} s {detail[:80]}" for _, at, detail in outcomes.values()))
 
 
@@ -397,3 +415,28 @@ def test_stopping_serve_is_clean_and_leaves_nothing(served):
     assert code == 0 and time.monotonic() - started < 30
     assert not Path(f"/proc/{server_pid}").exists()
     _no_leftovers(stubs)
+
+
+# --- a stub that hangs without dying (SIGSTOP): --hang-seconds ------------------------------
+
+
+def test_a_stopped_target_stub_fails_in_flight_requests_then_the_server_restarts(served_watching_hangs, reference):
+    """Triton's own health check fails requests to a stopped stub ("Stub process 'target_0_0' is
+    not healthy") but keeps answering ready; the supervisor sees those backend failures, probes
+    the target, gets that answer and restarts the server, as for a dead one."""
+    # each request queued for the stopped stub waits ~1 s for Triton's health check, the probe too
+    _in_flight_fail_then_the_server_restarts(served_watching_hangs, reference, "target", signal.SIGSTOP, down_within_s=15)
+
+
+def test_a_stopped_idle_eagle_stub_is_found_by_its_probe_then_the_server_restarts(served_watching_hangs, reference):
+    """No traffic reaches the stopped stub (idle server; the tiny model sends none to eagle): only
+    the probe, sent after HANG_S without a completed execution, finds it."""
+    served = served_watching_hangs
+    assert served.ready() == 200
+    old, stopped, went_down, recovered = _kill_and_watch(served, "eagle", signal.SIGSTOP)
+    # probed at most HANG_S after its last answer (the idle eagle is probed every HANG_S), answered
+    # "not healthy" within ~1 s, nothing to drain, then the SIGTERM
+    assert went_down < 3 * HANG_S, f"down {went_down:.1f} s after eagle stopped (probe every {HANG_S} s)"
+    _no_leftovers(old)
+    _exact_after(served, reference)
+    print(f"eagle stopped (idle): down after {went_down:.1f} s, ready after {recovered:.1f} s")

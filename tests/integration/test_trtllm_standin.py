@@ -36,7 +36,7 @@ BANDITSPEC = {"drafters": DRAFTERS, "eagle_model": "draft"}
 @pytest.fixture(scope="module")
 def trt_server(tmp_path_factory):
     from banditspec.paths import cache_dir
-    from banditspec_client.serve import TritonServer, free_port
+    from banditspec_client.serve import TritonServer
     from tests.trtllm_standin.repository import build_repository
 
     repository = build_repository(tmp_path_factory.mktemp("trtllm") / "repo", model=MODEL, max_draft_len=4,
@@ -44,7 +44,7 @@ def trt_server(tmp_path_factory):
     log = cache_dir() / "integration-trtllm-standin.log"
     log.write_bytes(b"")
     server = TritonServer(
-        model=MODEL, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+        model=MODEL, http_port=0, grpc_port=0, metrics_port=0, log_path=log,
         source=repository,
         # 2 shared cores: a slow first call of the draft stand-in must not drop the arm mid-test
         overrides={"banditspec": {**BANDITSPEC, "drafter_deadline_ms": "10000"}},

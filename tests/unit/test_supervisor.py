@@ -26,6 +26,8 @@ class FakeProcess:
 
 
 class FakeWatch:
+    known: dict = {}
+
     def __init__(self, deaths):
         self.deaths = list(deaths)  # one list of dead stubs per poll
 
@@ -62,6 +64,7 @@ TARGET, EAGLE, BANDITSPEC = Stub(11, "target", "r1"), Stub(12, "eagle", "r2"), S
 
 
 def run(server, stop, **kw):
+    kw.setdefault("hang_s", 0)  # hang detection: its own tests below
     return Supervisor(server, poll_s=0.01, log=lambda line: server.events.append(line), **kw).run(stop)
 
 
@@ -174,3 +177,233 @@ def test_stub_watch_sees_a_stub_die_and_keeps_its_region(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+# --- a stub that hangs without dying -------------------------------------------------------
+
+from banditspec_client.supervisor import (  # noqa: E402
+    ANSWERED, HUNG, NO_ANSWER, OK, PROBE, UNHEALTHY_ANSWER, UNREACHABLE, HangWatch, ProgressWatch,
+)
+
+
+def test_a_busy_model_is_never_probed():
+    """Executions complete, however slowly (one every 0.9 x quiet_s), for an hour: no probe."""
+    w = ProgressWatch(quiet_s=10, probe_timeout_s=10)
+    count = 0
+    for tick in range(3600 * 2):  # every 0.5 s
+        now = tick * 0.5
+        if tick % 18 == 0:
+            count += 1
+        assert w.observe(now, count, failures=0) == OK, now
+
+
+def test_an_idle_model_is_probed_once_per_quiet_period_and_an_answer_resets_it():
+    w = ProgressWatch(quiet_s=10, probe_timeout_s=10)
+    assert w.observe(0, 5) == OK
+    assert w.observe(9.9, 5) == OK
+    assert w.observe(10, 5) == PROBE
+    w.probe_sent(10)
+    assert w.observe(12, 5) == OK  # in flight: not sent twice
+    w.probe_finished(12.1, ANSWERED)
+    assert w.observe(13, 5) == OK and w.observe(22.0, 5) == OK
+    assert w.observe(22.1, 5) == PROBE  # quiet_s after the answer
+
+
+def test_a_probe_without_answer_and_without_progress_is_a_hang():
+    w = ProgressWatch(quiet_s=10, probe_timeout_s=5)
+    w.observe(0, 5)
+    assert w.observe(10, 5) == PROBE
+    w.probe_sent(10)
+    assert w.observe(14.9, 5) == OK
+    assert w.observe(15, 5) == HUNG and "no answer to a probe in 5.0 s" in w.reason
+    assert w.observe(16, 6) == HUNG  # a verdict stays (the server is restarted on it)
+
+
+def test_a_probe_stuck_behind_one_long_batch_is_cleared_by_that_batch():
+    """A single execution longer than quiet_s (a long prefill): the probe waits behind it; the
+    batch completes before the probe's deadline: progress, no verdict; the late probe answer is fine."""
+    w = ProgressWatch(quiet_s=10, probe_timeout_s=10)
+    w.observe(0, 5)
+    assert w.observe(10, 5) == PROBE
+    w.probe_sent(10)
+    assert w.observe(19, 6) == OK  # the long batch completed
+    assert w.observe(25, 6) == OK  # past the probe's deadline, but something completed since it was sent
+    w.probe_finished(25.5, NO_ANSWER)  # even its timing out is no verdict then
+    assert w.observe(26, 7) == OK and not w.reason
+
+
+def test_a_stub_computing_one_batch_longer_than_both_deadlines_is_not_hung():
+    """8 prompts of 1536 tokens are one forward pass of minutes on a CPU (measured: 20.6 s for
+    one, 80.5 s for four, one thread): no execution completes, but the stub burns CPU."""
+    w = ProgressWatch(quiet_s=10, probe_timeout_s=10)
+    w.observe(0, 5, cpu_s=100.0)
+    for tick in range(1, 600):  # five minutes, 0.5 s apart, ~30 % of a core (a contended machine)
+        assert w.observe(tick * 0.5, 5, cpu_s=100.0 + tick * 0.15) == OK, tick
+    # then it stops computing (deadlocked in a lock, or stopped): probed after quiet_s, hung after the probe's deadline
+    now, cpu = 299.5, 100.0 + 599 * 0.15
+    verdicts = [w.observe(now + t, 5, cpu_s=cpu + 0.001 * t) for t in (1, 5, 9.9)]
+    assert verdicts == [OK, OK, OK]
+    assert w.observe(now + 10.5, 5, cpu_s=cpu) == PROBE
+    w.probe_sent(now + 10.5)
+    assert w.observe(now + 20.4, 5, cpu_s=cpu) == OK
+    assert w.observe(now + 20.5, 5, cpu_s=cpu) == HUNG
+
+
+def test_idle_cpu_noise_is_not_progress():
+    """An idle stub uses ~0 CPU (measured: 0-1 ticks of 10 ms in 10 s); below BUSY_CPU."""
+    w = ProgressWatch(quiet_s=10, probe_timeout_s=10)
+    w.observe(0, 5, cpu_s=3.0)
+    assert w.observe(5, 5, cpu_s=3.01) == OK
+    assert w.observe(10, 5, cpu_s=3.02) == PROBE
+
+
+def test_a_probe_that_times_out_with_no_progress_is_a_hang_when_it_reports_first():
+    w = ProgressWatch(quiet_s=10, probe_timeout_s=10)
+    w.observe(0, 5)
+    w.observe(10, 5)
+    w.probe_sent(10)
+    w.probe_finished(20, NO_ANSWER, "timed out")
+    assert w.observe(20.1, 5) == HUNG and "no progress for 20.0 s" in w.reason
+
+
+def test_backend_failures_without_progress_probe_at_once_and_not_healthy_is_a_hang():
+    """SIGSTOP: Triton's health check fails requests to the stub ("not healthy") within ~1 s."""
+    w = ProgressWatch(quiet_s=60, probe_timeout_s=60)
+    assert w.observe(0, 5, failures=0) == OK
+    assert w.observe(0.5, 5, failures=0) == OK
+    assert w.observe(1.0, 5, failures=3) == PROBE  # long before quiet_s
+    w.probe_sent(1.0)
+    w.probe_finished(2.0, UNHEALTHY_ANSWER, "Stub process 'target_0_0' is not healthy.")
+    assert w.observe(2.5, 5, failures=4) == HUNG and "not healthy" in w.reason
+
+
+def test_backend_failures_while_executions_complete_are_not_suspicious():
+    w = ProgressWatch(quiet_s=60, probe_timeout_s=60)
+    w.observe(0, 5, failures=0)
+    assert w.observe(1, 6, failures=1) == OK
+
+
+def test_an_unreachable_server_is_no_verdict_and_unknown_counters_change_nothing():
+    w = ProgressWatch(quiet_s=10, probe_timeout_s=10)
+    w.observe(0, 5)
+    assert w.observe(10, 5) == PROBE
+    w.probe_sent(10)
+    w.probe_finished(10.2, UNREACHABLE, "connection refused")
+    assert w.observe(11, 5) == OK and not w.reason
+    assert w.observe(100, None) == OK  # metrics unreadable or model not served: nothing to judge
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan")])
+def test_a_nonpositive_hang_threshold_is_refused_naming_it(bad):
+    with pytest.raises(ValueError, match="hang_s"):
+        ProgressWatch(bad, 10)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), "60", True])
+def test_the_supervisor_refuses_a_bad_hang_seconds(bad):
+    with pytest.raises(ValueError, match="hang_s"):
+        Supervisor(FakeServer(), hang_s=bad)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_hang_watch_probes_the_quiet_model_over_its_own_thread_and_names_the_hung_one():
+    clock = Clock()
+    counts = {"target": (7.0, 0.0), "eagle": (3.0, 0.0)}
+    probes: list[tuple[str, float]] = []
+    released = threading.Event()
+
+    def probe(url, model, timeout_s):
+        probes.append((model, timeout_s))
+        if model == "target":  # the stuck model: no answer until its (real) timeout
+            released.wait(10)
+            return NO_ANSWER, "timed out"
+        return ANSWERED, "503"
+
+    server = FakeServer()
+    server.http_url = "localhost:1"
+    cpu = {11: 1.0, 12: 2.0}
+    watch = HangWatch(server, 10, clock=clock, counters=lambda port, models: dict(counts), probe=probe,
+                      stubs=lambda: {"target": 11, "eagle": 12}, cpu=cpu.get)
+    assert watch.check() == {}
+    clock.now = 5
+    counts["eagle"] = (4.0, 0.0)  # eagle completes something, target nothing
+    assert watch.check() == {}
+    clock.now = 10
+    assert watch.check() == {}  # target probed now
+    _wait_for(lambda: probes == [("target", 10)])
+    clock.now = 15
+    assert watch.check() == {}  # eagle probed (quiet since 5 s)
+    _wait_for(lambda: len(probes) == 2)
+    assert probes[1] == ("eagle", 10)
+    clock.now = 19.9
+    assert watch.check() == {}  # eagle answered; target's probe still out, not yet hang_s old
+    clock.now = 20
+    hung = watch.check()  # hang_s after the probe was sent, nothing completed: hung by the clock
+    released.set()
+    assert list(hung) == ["target"] and "no answer to a probe in 10.0 s" in hung["target"]
+
+
+def test_a_hung_target_is_restarted_like_a_dead_one(monkeypatch):
+    """The supervisor's own loop: the stub of a model found hung goes the death path."""
+    counts = {"target": (1.0, 0.0), "eagle": (1.0, 0.0)}
+    monkeypatch.setattr(sup, "model_counters", lambda port, models: dict(counts))
+    failures = iter(range(1, 10**6))
+
+    def probe(url, model, timeout_s):
+        return UNHEALTHY_ANSWER, "Stub process 'target_0_0' is not healthy."
+
+    monkeypatch.setattr(sup, "probe_model", probe)
+    monkeypatch.setattr(sup, "active_sequences", lambda port: pytest.fail("no drain for target"))
+    stop = threading.Event()
+    server = FakeServer(stop_event=stop)
+    server.http_url = "localhost:1"
+    server.watch.known = {TARGET.pid: TARGET}
+
+    def poll():  # requests to target start failing at the backend after a few polls
+        counts["target"] = (1.0, float(next(failures)))
+        return []
+
+    server.watch.poll = poll
+    assert run(server, stop, hang_s=30) == 0
+    assert any("target is hung" in e and "not healthy" in e for e in server.events), server.events
+    assert any("stub died or hung: target (pid 11)" in e for e in server.events)
+    assert [e for e in server.events if e in ("stop", "start", "ready")] == ["stop", "start", "ready", "stop"]
+
+
+def test_a_hung_target_with_exit_mode_exits_3(monkeypatch):
+    failures = iter(range(10**6))
+    monkeypatch.setattr(sup, "model_counters", lambda port, models: {"target": (1.0, float(next(failures)))})
+    monkeypatch.setattr(sup, "probe_model", lambda url, model, t: (UNHEALTHY_ANSWER, "not healthy"))
+    server = FakeServer()
+    server.http_url = "localhost:1"
+    assert run(server, threading.Event(), on_stub_death="exit", hang_s=5) == sup.EXIT_STUB_DIED
+    assert server.events.count("start") == 0 and server.events[-1] == "stop"
+
+
+def test_serve_refuses_a_bad_hang_seconds_naming_the_flag(capsys):
+    import argparse
+
+    from banditspec_client import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    assert parser.parse_args(["--hang-seconds", "0"]).hang_seconds == 0
+    assert parser.parse_args([]).hang_seconds == 60
+    for bad in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--hang-seconds", bad])
+        assert "--hang-seconds" in capsys.readouterr().err

@@ -91,7 +91,7 @@ class TritonRunner:
     # -- server lifetime -------------------------------------------------------------
     def __enter__(self) -> "TritonRunner":
         from banditspec.paths import cache_dir
-        from banditspec_client.serve import SOURCE_REPOSITORY, TritonServer, free_port
+        from banditspec_client.serve import SOURCE_REPOSITORY, TritonServer
 
         copies = sorted({name for name in self.model_for.values() if name != CONTROLLER})
         self._workdir = Path(tempfile.mkdtemp(prefix="bench-repo-", dir=cache_dir()))
@@ -103,7 +103,7 @@ class TritonRunner:
         for name in copies:
             overrides[name] = {"target_model": self.settings.model, "max_concurrent_sequences": "2"}
         self._server = TritonServer(
-            model=self.settings.model, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+            model=self.settings.model, http_port=0, grpc_port=0, metrics_port=0,
             overrides=overrides, log_path=self.log_path, source=source,
         )
         try:

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def soak(model: str, requests: int, concurrency: int, *, seed: int = 0, sample_every_s: float = 2.0,
          target_cache_entries: int | None = None, log_path: Path | None = None) -> SoakReport:
     """Start a server, run the soak, stop the server; everything judged in the report."""
-    from banditspec_client.serve import TritonServer, free_port
+    from banditspec_client.serve import TritonServer
 
     reference = VanillaReference(model)
     cases = build_workload(requests, seed=seed)
@@ -37,7 +37,7 @@ def soak(model: str, requests: int, concurrency: int, *, seed: int = 0, sample_e
     if target_cache_entries is not None:
         overrides["target"] = {"cache_entries": str(target_cache_entries)}
     server = TritonServer(
-        model=model, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log_path,
+        model=model, http_port=0, grpc_port=0, metrics_port=0, log_path=log_path,
         overrides=overrides,
     )
     with server:

@@ -114,7 +114,7 @@ def run(args) -> int:
     from banditspec.paths import cache_dir
     from banditspec_client.bench.concurrency.load import run_closed_loop
     from banditspec_client.bench.concurrency.summary import write_report
-    from banditspec_client.serve import TritonServer, free_port
+    from banditspec_client.serve import TritonServer
     from banditspec_client.bench.workloads import load_workload
 
     levels, gammas = _ints(args.concurrency), _ints(args.gammas)
@@ -140,7 +140,7 @@ def run(args) -> int:
     source = prepare_repository(cache_dir() / "triton" / "bench-concurrency-repository", args.queue_delay_us)
     log = args.log_file or cache_dir() / "bench-concurrency-tritonserver.log"
     server = TritonServer(
-        model=args.model, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+        model=args.model, http_port=0, grpc_port=0, metrics_port=0,
         overrides=overrides, log_path=log, source=source,
         extra_args=(f"--backend-config=python,thread-pool-size={args.bls_threads or 2 * max(levels) + 8}",),
     )
