@@ -177,11 +177,11 @@ def test_cancelled_stream_stops_and_frees_its_slot(server, local_vanilla):
 def eagle3_server():
     """A second server whose `eagle` arm is the shipped EAGLE-3 head (both models told)."""
     from banditspec.paths import cache_dir
-    from banditspec_client.serve import TritonServer, free_port
+    from banditspec_client.serve import TritonServer
 
     log = cache_dir() / "integration-tritonserver-eagle3.log"
     srv = TritonServer(
-        model="smollm2", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), log_path=log,
+        model="smollm2", http_port=0, grpc_port=0, metrics_port=0, log_path=log,
         overrides={"banditspec": {"eagle_head": "eagle3", "max_concurrent_sequences": "2"},
                    "eagle": {"eagle_head": "eagle3"}},
     )
