@@ -265,3 +265,66 @@ def test_a_costly_drafters_cost_is_known_server_wide_so_no_request_tries_it_for_
         assert later.token_ids == first.token_ids
         assert not any(a.startswith("slow@") for a in later.stats.arms)
         assert all(a == "meh@1" for a in later.stats.arms[1:-1])
+
+
+def test_cost_model_edges_pinned():
+    """Edges the mutation run found unpinned (docs/reliability.md, "Mutation testing")."""
+    from banditspec.errors import BanditSpecValidationError
+
+    CostModel(3, prior_one_token_seconds=1e-6, prior_slope=0.0)  # the smallest valid priors
+    for bad in ({"prior_one_token_seconds": 0.0}, {"prior_slope": -0.01}):
+        with pytest.raises(BanditSpecValidationError):
+            CostModel(3, **bad)
+    # one observed k: the rest follows the prior slope from it
+    one = CostModel(4, prior_slope=0.5, min_observations=1)
+    one.observe(2, 0.030)
+    assert one.curve()[1:].tolist() == pytest.approx([0.020, 0.030, 0.040, 0.050])
+    # the largest k counts as observed; an even number of observations takes the middle pair
+    top = CostModel(3, min_observations=1)
+    for k, seconds in ((1, 0.010), (3, 0.050), (3, 0.070), (3, 0.020), (3, 0.040)):
+        top.observe(k, seconds)
+    assert top.curve()[3] == pytest.approx(0.045)
+    assert top.as_dict()["verify_ms"] == pytest.approx([10.0, 27.5, 45.0])
+    # the overhead of a round is added to every k and reported; a negative one is ignored
+    top.observe_overhead(0.002)
+    top.observe_overhead(-1.0)
+    assert top.as_dict()["overhead_ms"] == pytest.approx(2.0)
+    assert top.curve()[1] == pytest.approx(0.012)
+    # a fitted line through the origin's far side: all of the cost is per token
+    steep = CostModel(5)
+    for tokens, ms in ((1, 1.0), (4, 10.0)):
+        steep.observe_draft("d", tokens, ms / 1e3)
+    assert steep.draft_costs()["d"] == pytest.approx((0.0, 0.00175))
+
+
+def test_costaware_edges_pinned():
+    """Edges the mutation run found unpinned (docs/reliability.md, "Mutation testing")."""
+    from banditspec.bandits.costaware import context_bucket
+
+    assert [context_bucket(m) for m in (-2, 0, 1, 2, 3, 7)] == [0, 0, 1, 2, 3, 3]
+    assert context_bucket(5, agreed=True) == 7 and context_bucket(0, agreed=True) == 4
+    # an untried costly drafter: optimism lifts the first position only; deeper ones keep the prior
+    fresh = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), None)
+    bonus = 0.5 * np.sqrt(np.log(2) / 1.0)
+    assert fresh.survival("d", 0, optimistic=True) == pytest.approx(np.cumprod([0.25 + bonus, 0.25, 0.25, 0.25]))
+    assert fresh.survival("d", 0) == pytest.approx(np.cumprod([0.25] * 4))
+    # warm start: the server's counts enter capped at prior_weight pseudo-observations a position
+    shared = SharedAcceptance(4, decay=1.0)
+    for _ in range(100):
+        shared.record("d", 0, 4, 4, 4)
+    warm = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), shared)
+    assert warm.prior["d"].offered[0].tolist() == pytest.approx([5.0] * 4)
+    assert warm.evidence["d"][0, 0] == pytest.approx(100.0)
+    # plain decoding's own candidate: one token per one-token round
+    plain = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), None).choose([], 4)
+    assert (plain.drafter, plain.gamma, plain.expected_tokens) == (None, 0, 1.0)
+    assert plain.utility == pytest.approx(1 / 0.05)
+    # gamma never passes what the cost curve covers (k <= max_tokens)
+    short = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:3]), shared)
+    assert short.choose([Candidate("d", 4)], 4).gamma == 2
+    # a costly drafter's cost per drafted token shortens (or cancels) its draft
+    for per_token, expected in ((0.0, 4), (0.1, 0)):
+        policy = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), shared)
+        assert policy.choose([Candidate("d", 4, costly=True, draft_seconds_per_token=per_token)], 4).gamma == expected
+    costly_call = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), shared)
+    assert costly_call.choose([Candidate("d", 4, costly=True, draft_seconds_per_call=1.0)], 4).drafter is None
