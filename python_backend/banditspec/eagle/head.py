@@ -43,8 +43,9 @@ class EagleConfig:
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
                      "draft_vocab_size", "target_vocab_size"):
-            if int(getattr(self, name)) <= 0:
-                raise BanditSpecValidationError(name, f"must be > 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) <= 0:
+                raise BanditSpecValidationError(name, f"must be > 0, got {value}")
         if self.hidden_size % self.num_heads:
             raise BanditSpecValidationError("num_heads", "must divide hidden_size")
         if self.num_heads % self.num_kv_heads:

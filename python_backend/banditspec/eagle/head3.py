@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from banditspec.eagle.head import (RMSNorm, apply_rope, empty_cache, extend_cache, load_weights, rope_cos_sin,
+from banditspec.eagle.head import (EagleConfig, RMSNorm, apply_rope, empty_cache, extend_cache, load_weights, rope_cos_sin,
                                   save_weights)
 from banditspec.errors import BanditSpecValidationError
 
@@ -45,43 +45,22 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
-    """Shape of an EAGLE-3 head; the attention/rope settings copy the target's."""
+class Eagle3Config(EagleConfig):
+    """Shape of an EAGLE-3 head (an Eagle head's, see :class:`EagleConfig`) and the target
+    layers whose outputs it fuses."""
 
-    hidden_size: int = 576
-    num_heads: int = 9
-    num_kv_heads: int = 3
-    intermediate_size: int = 1536
-    draft_vocab_size: int = 8192
-    target_vocab_size: int = 49152
-    rope_theta: float = 100000.0
-    rms_norm_eps: float = 1e-5
     aux_layers: tuple[int, ...] = (1, 14, 26)
     target_num_layers: int = 30
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
-                     "draft_vocab_size", "target_vocab_size", "target_num_layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or int(value) <= 0:
-                raise BanditSpecValidationError(name, f"must be > 0, got {value}")
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise BanditSpecValidationError("num_heads", "heads must divide hidden_size, kv heads the heads")
-        if (self.hidden_size // self.num_heads) % 2:
-            raise BanditSpecValidationError("num_heads", "head_dim must be even (rope)")
-        if self.draft_vocab_size > self.target_vocab_size:
-            raise BanditSpecValidationError("draft_vocab_size", "must be <= target_vocab_size")
+        super().__post_init__()
+        if isinstance(self.target_num_layers, bool) or int(self.target_num_layers) <= 0:
+            raise BanditSpecValidationError("target_num_layers", f"must be > 0, got {self.target_num_layers}")
         layers = tuple(int(a) for a in self.aux_layers)
         if not layers or any(not 0 <= a < self.target_num_layers - 1 for a in layers):
             raise BanditSpecValidationError(
                 "aux_layers", f"need 1+ layer indices in [0, {self.target_num_layers - 2}], got {self.aux_layers}")
         object.__setattr__(self, "aux_layers", layers)
-        if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
-            raise BanditSpecValidationError("rope_theta", "rope_theta and rms_norm_eps must be > 0")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
     @property
     def feature_size(self) -> int:
