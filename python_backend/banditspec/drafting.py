@@ -29,6 +29,7 @@ class RequestDrafters:
         self._on_drop = on_drop
         self._sessions: dict[str, DraftSession] = {}
         self._worker: ProposeWorker | None = None  # created at the first proposal that needs it
+        self._inline = {name for name in self._drafters if getattr(self._drafters[name], "runs_inline", False)}
         for name in names:
             try:
                 self._sessions[name] = drafters[name].start(prompt)
@@ -50,7 +51,7 @@ class RequestDrafters:
             return None
         began = time.perf_counter()
         try:
-            draft = self._call(session, max_len, bool(getattr(self._drafters[name], "runs_inline", False)))
+            draft = self._call(session, max_len, name in self._inline)
             ids = np.asarray(draft.token_ids, dtype=np.int64).reshape(-1)[:max_len]
             if ids.size and (ids.min() < 0 or ids.max() >= self._vocab_size):
                 raise ValueError("draft token id out of range")
