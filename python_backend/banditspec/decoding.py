@@ -198,6 +198,7 @@ class DecodingSession:
         self.stats.drafted.append(gamma)
         self.stats.accepted.append(accepted)
         self.stats.step_seconds.append(elapsed)
+        self.stats.verify_seconds.append(verify_seconds)
         self.stats.generated_tokens = len(self._generated)
         return StepEvent(
             arm=arm_name,

@@ -31,7 +31,8 @@ class SpeculationStats:
     arms: list[str] = field(default_factory=list)  # arm per step
     drafted: list[int] = field(default_factory=list)  # draft length per step
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per step
-    step_seconds: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)  # whole step: choose, draft, verify, score
+    verify_seconds: list[float] = field(default_factory=list)  # the target's part of each step
     dropped_arms: dict[str, str] = field(default_factory=dict)  # arm -> reason
     generated_tokens: int = 0
     controller: dict | None = None  # costaware: the cost model the request decided with
@@ -62,6 +63,9 @@ class SpeculationStats:
             "arms": list(self.arms),
             "drafted": list(self.drafted),
             "accepted": list(self.accepted),
+            # per step, milliseconds: the whole step and the target call within it
+            "step_ms": [round(1000.0 * s, 3) for s in self.step_seconds],
+            "verify_ms": [round(1000.0 * s, 3) for s in self.verify_seconds],
             "mean_accepted_tokens": round(self.mean_accepted_tokens, 4),
             "tokens_per_second": round(self.generated_tokens / elapsed, 3) if elapsed > 0 else 0.0,
             "per_arm": per_arm,

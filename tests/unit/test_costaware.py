@@ -328,3 +328,15 @@ def test_costaware_edges_pinned():
         assert policy.choose([Candidate("d", 4, costly=True, draft_seconds_per_token=per_token)], 4).gamma == expected
     costly_call = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), shared)
     assert costly_call.choose([Candidate("d", 4, costly=True, draft_seconds_per_call=1.0)], 4).drafter is None
+
+
+def test_speculation_stats_report_each_steps_time_and_its_target_share():
+    """step_ms / verify_ms per step: the verify part is the target call as the virtual clock
+    advanced it (50 ms x the curve at the tokens fed); the step adds nothing else here."""
+    decoder, engine = timed_decoder(STEEP, right=oracle)
+    session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=20, policy="fixed:right@3"))
+    result = run_to_completion(engine, session)
+    stats = result.stats.as_dict()
+    assert len(stats["step_ms"]) == len(stats["verify_ms"]) == stats["steps"] == len(engine.fed)
+    assert stats["verify_ms"] == pytest.approx([50.0 * STEEP[k - 1] for k in engine.fed])
+    assert all(v <= s + 1e-9 for v, s in zip(stats["verify_ms"], stats["step_ms"]))

@@ -117,7 +117,7 @@ class RunRecord:
     cpu_seconds: CPU time spent meanwhile by this process (in process) or by the server's
               processes (through Triton); unlike wall time, other load on the machine barely
               changes it
-    arms, drafted, accepted: per step, as in the request's speculation stats
+    arms, drafted, accepted, step_ms, verify_ms: per step, as in the request's speculation stats
     """
 
     workload: str
@@ -133,6 +133,8 @@ class RunRecord:
     arms: list[str] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    verify_ms: list[float] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -160,4 +162,6 @@ class RunRecord:
             arms=[str(a) for a in stats.get("arms", [])],
             drafted=[int(d) for d in stats.get("drafted", [])],
             accepted=[int(a) for a in stats.get("accepted", [])],
+            step_ms=[float(t) for t in stats.get("step_ms", [])],
+            verify_ms=[float(t) for t in stats.get("verify_ms", [])],
         )
