@@ -38,6 +38,8 @@ class CostAwareRounds:
         self._cost_model = cost_model
         self._clock = clock
         self._open: list[OpenProposal] = []
+        # drafter -> (position, first token right?) of its latest proposal whose first token is decided
+        self._last_first: dict[str, tuple[int, bool | None]] = {}
 
     def choose(self, arms: Sequence[ArmSpec], available: list[int], limit: int, position: int,
                drafter_of: Callable[[str], Drafter | None],
@@ -67,7 +69,8 @@ class CostAwareRounds:
         firsts = [int(d.token_ids[0]) for d in drafts.values()]
         for index, draft in drafts.items():
             agreed = firsts.count(int(draft.token_ids[0])) > 1
-            bucket = context_bucket(draft.match_len, agreed)
+            last_hit = self._last_first.get(arms[index].drafter, (0, None))[1]
+            bucket = context_bucket(draft.match_len, agreed, last_hit)
             drafter_name = arms[index].drafter
             self._open.append((drafter_name, bucket, position, draft.token_ids.tolist(), 0))
             candidates.append(Candidate(drafter_name, len(draft), bucket))
@@ -109,6 +112,8 @@ class CostAwareRounds:
             while matched < min(known, len(tokens)) and sequence[start + matched] == tokens[matched]:
                 matched += 1
             done = self.controller.record(drafter, bucket, len(tokens), matched, known, done)
+            if known >= 1 and tokens and start >= self._last_first.get(drafter, (-1, False))[0]:
+                self._last_first[drafter] = (start, matched >= 1)
             resolved = matched < min(known, len(tokens)) or matched == len(tokens)
             if not resolved and not final:
                 still_open.append((drafter, bucket, start, tokens, done))

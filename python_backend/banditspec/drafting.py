@@ -68,7 +68,7 @@ class RequestDrafters:
         if self._deadline is not None and time.perf_counter() - began > self._deadline:
             # Lossless either way: this draft is still verified, but the arm is too slow to keep.
             self.drop(name, "deadline exceeded")
-        return Draft(token_ids=ids.astype(np.int32), probs=probs)
+        return Draft(token_ids=ids.astype(np.int32), probs=probs, match_len=int(getattr(draft, "match_len", 0)))
 
     def _call(self, session: DraftSession, max_len: int, inline: bool) -> Draft:
         """``session.propose(max_len)``, bounded by the deadline when there is one.

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from banditspec.bandits.cost_model import CostModel, calibrate
+from banditspec.drafters.base import Draft
 from banditspec.bandits.costaware import Candidate, CostAwarePolicy, HazardCounts, SharedAcceptance
 from banditspec.gamma_controller import make_gamma_budget
 from banditspec.config import GenerationRequest
@@ -171,9 +172,15 @@ def test_a_costly_drafter_that_declines_is_scored_and_the_round_still_drafts():
 def test_warm_start_from_the_server_statistics_and_determinism():
     decoder, engine = timed_decoder(STEEP, right=oracle, wrong=always_wrong)
     request = GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["wrong", "right"], max_draft_len=4)
-    run_to_completion(engine, decoder.start(request))
+    first = run_to_completion(engine, decoder.start(request))
+    assert first.stats.arms[0] == "vanilla"  # a cold server: no drafter is trusted yet
+    # A request's first proposal has a context of its own (no previous proposal of its
+    # drafter yet), which each earlier request has seen once: a few requests in, the first
+    # step already knows which drafter is right.
+    for _ in range(2):
+        run_to_completion(engine, decoder.start(request))
     second = run_to_completion(engine, decoder.start(request))
-    assert second.stats.arms[0].startswith("right@")  # the first step already knows which drafter is right
+    assert second.stats.arms[0].startswith("right@")
     third = run_to_completion(engine, decoder.start(request))
     assert third.stats.arms == second.stats.arms  # same statistics + cost model -> same choices
 
@@ -303,6 +310,8 @@ def test_costaware_edges_pinned():
 
     assert [context_bucket(m) for m in (-2, 0, 1, 2, 3, 7)] == [0, 0, 1, 2, 3, 3]
     assert context_bucket(5, agreed=True) == 7 and context_bucket(0, agreed=True) == 4
+    assert context_bucket(2, last_hit=False) == 10 and context_bucket(9, agreed=True, last_hit=True) == 23
+    assert context_bucket(2, last_hit=True) == 18 and context_bucket(2, last_hit=None) == 2
     # an untried costly drafter: optimism lifts the first position only; deeper ones keep the prior
     fresh = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), None)
     bonus = 0.5 * np.sqrt(np.log(2) / 1.0)
@@ -340,3 +349,49 @@ def test_speculation_stats_report_each_steps_time_and_its_target_share():
     assert len(stats["step_ms"]) == len(stats["verify_ms"]) == stats["steps"] == len(engine.fed)
     assert stats["verify_ms"] == pytest.approx([50.0 * STEEP[k - 1] for k in engine.fed])
     assert all(v <= s + 1e-9 for v, s in zip(stats["verify_ms"], stats["step_ms"]))
+
+
+class MatchSession:
+    """Proposes like a ScriptedSession and says how long a context match it came from."""
+
+    def __init__(self, prompt, propose_fn, match_len):
+        self.context, self.propose_fn, self.match_len = list(prompt), propose_fn, match_len
+
+    def propose(self, max_len):
+        return Draft(token_ids=np.asarray(self.propose_fn(self.context, max_len), dtype=np.int32), match_len=self.match_len)
+
+    def observe(self, new_tokens, hidden_states=None):
+        self.context.extend(int(t) for t in new_tokens)
+
+    def close(self, finished):
+        pass
+
+
+class MatchDrafter:
+    def __init__(self, name, propose_fn, match_len):
+        self.name, self.propose_fn, self.match_len = name, propose_fn, match_len
+
+    def start(self, prompt_ids):
+        return MatchSession(prompt_ids, self.propose_fn, self.match_len)
+
+
+def test_a_proposals_match_length_and_its_drafters_last_outcome_reach_the_controller():
+    """The context the controller learns under is the proposal's own: its match length as
+    the drafter reported it (it was once dropped on the way, so every proposal counted as
+    'match length unknown'), and whether the drafter's previous first token was right."""
+    clock = VirtualClock()
+    engine = TimedEngine(MockEngine(), clock, STEEP)
+    drafters = {"long": MatchDrafter("long", oracle(engine.engine), 7),
+                "short": MatchDrafter("short", always_wrong(engine.engine), 1)}
+    decoder = SpeculativeDecoder(drafters=drafters, vocab_size=engine.vocab_size, max_context=engine.max_context,
+                                 eos_id=engine.eos_id, drafter_deadline_s=None, clock=clock,
+                                 cost_model=CostModel.fixed(STEEP, 0.05))
+    session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=40, arms=["long", "short"], max_draft_len=4))
+    run_to_completion(engine, session)
+    offered = {name: decoder.shared_acceptance.snapshot(name).offered[:, 0] for name in drafters}
+    # "long": match length 7 (bucket 3); first proposal: no previous one; after it, always right (+16)
+    assert offered["long"][3] == pytest.approx(1, abs=0.1) and offered["long"][19] > 5
+    assert offered["long"].sum() == pytest.approx(offered["long"][3] + offered["long"][19])
+    # "short": match length 1, first no previous one, then always wrong (+8)
+    assert offered["short"][1] == pytest.approx(1, abs=0.1) and offered["short"][9] > 5
+    assert offered["short"].sum() == pytest.approx(offered["short"][1] + offered["short"][9])
