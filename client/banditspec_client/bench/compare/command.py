@@ -130,13 +130,15 @@ def write_results(out: Path, *, command: str, setup: dict, usable: list[Method],
     names = [m.name for m in usable]
     summaries = summarize(records, names)
     cpu_summaries = summarize(records, names, clock="cpu") if all(r.cpu_seconds for r in records) else None
+    decode_summaries = summarize(records, names, clock="decode") if all(r.step_ms for r in records) else None
     title = f"BanditSpec benchmark ({setup['mode']}, {setup['model']})"
     report = markdown_report(summaries, title=title, command=command, setup=setup, skipped=skipped,
-                             records=records, cpu_summaries=cpu_summaries)
+                             records=records, cpu_summaries=cpu_summaries, decode_summaries=decode_summaries)
     (out / "results.md").write_text(report)
     payload = {"command": command, "setup": setup, "methods": [asdict(m) for m in usable], "skipped": skipped,
                "summaries": [summary_dict(s) for s in summaries],
                "cpu_summaries": [summary_dict(s) for s in cpu_summaries or ()],
+               "decode_summaries": [summary_dict(s) for s in decode_summaries or ()],
                "records": [asdict(r) for r in records]}
     (out / "results.json").write_text(json.dumps(payload, separators=(",", ":")))
     plots = write_plots(summaries, records, out, prompts_shown=plot_prompts, cpu_summaries=cpu_summaries)
