@@ -515,7 +515,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=8002, help="0: any free port")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.PARAM=VALUE",
                         help="override a config.pbtxt parameter, e.g. banditspec.default_policy=exp3spec")
-    parser.add_argument("--log-file", type=Path, default=None, help="server log (default: the terminal)")
+    parser.add_argument("--log-file", type=Path, default=None,
+                        help="tritonserver's log, appended to (default: serve-tritonserver.log in the cache folder)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address of the HTTP, gRPC and metrics ports (0.0.0.0: every interface; containers)")
     parser.add_argument("--on-stub-death", choices=["restart", "exit"], default="restart",
@@ -552,6 +553,11 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
 
 
 def run(args) -> int:
+    if args.log_file is None:
+        from banditspec.paths import cache_dir
+
+        args.log_file = cache_dir() / "serve-tritonserver.log"
+        args.log_file.parent.mkdir(parents=True, exist_ok=True)
     server = TritonServer(
         model=args.model,
         http_port=args.http_port,
@@ -571,7 +577,7 @@ def run(args) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    print(f"starting tritonserver (model {args.model}) ...", file=sys.stderr, flush=True)
+    print(f"starting tritonserver (model {args.model}; log: {args.log_file}) ...", file=sys.stderr, flush=True)
     openai_api = None
     try:
         try:
