@@ -57,13 +57,6 @@ def check_all(stack, max_draft_len: int = 4) -> int:
 
 
 @pytest.fixture(scope="module")
-def smollm2_stack():
-    from banditspec.runtime import load_local
-
-    return load_local("smollm2", arms=("pld", "suffix", "rest", "eagle"))
-
-
-@pytest.fixture(scope="module")
 def tiny_stack():
     from banditspec.runtime import load_local
 

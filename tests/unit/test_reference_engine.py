@@ -303,11 +303,117 @@ def test_hidden_states_follow_the_contract(engine, varied_model):
     np.testing.assert_allclose(second.hidden_states, full[len(second_input) - 1:], atol=1e-5)
     assert step(engine, prompt).hidden_states is None
 
-    # Asking for positions the cache already holds recomputes them from hidden_from.
+    # Positions the cache already holds: their (post-norm) states come from the cache too.
     positions = engine.positions_computed
     again = step(engine, second_input, draft, hidden_from=5)
-    assert engine.positions_computed - positions == len(second_input) - 5 + len(draft)
+    assert engine.positions_computed - positions == 1 + len(draft)
     np.testing.assert_allclose(again.hidden_states, full[5:], atol=1e-5)
+    # States of a kind no entry holds (a decoder layer's output) are recomputed from hidden_from.
+    positions = engine.positions_computed
+    layer = step(engine, second_input, draft, hidden_from=5, hidden_layers=(0,))
+    assert engine.positions_computed - positions == len(second_input) - 5 + len(draft)
+    assert layer.hidden_states.shape == again.hidden_states.shape
+
+
+# --- states from the prefix cache -------------------------------------------------------
+
+
+def _shared_prefix_prompts(seed: int) -> tuple[list[int], list[int], int]:
+    """Two prompts (29 and 26 tokens) sharing their first 20 tokens."""
+    rng = np.random.default_rng(seed)
+    shared = random_prompt(rng, 20)
+    return shared + random_prompt(rng, 9), shared + random_prompt(rng, 6), 20
+
+
+def _assert_same_states(kernels: str, actual: np.ndarray, expected: np.ndarray) -> None:
+    """Bitwise with the panel kernels (a row's values do not depend on the call), else to rounding."""
+    if kernels == "fast":
+        assert np.array_equal(actual, expected)
+    else:
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", [(), (0,)], ids=["post-norm", "layer-0"])
+@pytest.mark.parametrize("kernels", ["fast", "transformers"])
+def test_cached_states_serve_a_request_from_position_zero(kernels, kind):
+    engine = ReferenceEngine(make_llama(512, seed=0), max_context=512, kernels=kernels)
+    first, second, shared = _shared_prefix_prompts(22)
+    step(engine, first, hidden_from=0, hidden_layers=kind)
+    positions = engine.positions_computed
+    warm = step(engine, second, [5, 6], hidden_from=0, hidden_layers=kind)
+    assert engine.positions_computed - positions == len(second) - shared + 2
+    engine.clear()
+    cold = step(engine, second, [5, 6], hidden_from=0, hidden_layers=kind)
+    assert warm.output_ids.tolist() == cold.output_ids.tolist() and warm.num_accepted == cold.num_accepted
+    assert warm.hidden_states.shape == cold.hidden_states.shape == (len(second) + cold.num_accepted, 64)
+    _assert_same_states(kernels, warm.hidden_states, cold.hidden_states)
+
+
+def test_states_of_another_kind_cap_reuse_until_computed_from_zero(varied_model):
+    engine = ReferenceEngine(varied_model, max_context=512)
+    first, second, shared = _shared_prefix_prompts(23)
+    step(engine, first)  # no states asked: the entry holds the post-norm ones only
+    positions = engine.positions_computed
+    step(engine, second, hidden_from=0, hidden_layers=(0,))
+    assert engine.positions_computed - positions == len(second)  # layer 0's outputs: none cached
+    positions = engine.positions_computed
+    third = second[:-1] + [(second[-1] + 1) % 512, 7]
+    warm = step(engine, third, hidden_from=0, hidden_layers=(0,))
+    assert engine.positions_computed - positions == 2  # the second request cached them from 0
+    engine.clear()
+    cold = step(engine, third, hidden_from=0, hidden_layers=(0,))
+    np.testing.assert_array_equal(warm.hidden_states, cold.hidden_states)
+
+
+def test_a_rejected_drafts_states_are_not_kept(varied_model):
+    engine = ReferenceEngine(varied_model, max_context=512)
+    prompt = random_prompt(np.random.default_rng(24), 15)
+    reference = vanilla_greedy(ReferenceEngine(varied_model, max_context=512), prompt, 8)
+    draft = reference[:2] + [(reference[2] + 1) % 512, reference[3]]
+    result = step(engine, prompt, draft, hidden_from=0)
+    assert result.num_accepted == 2
+    hit = engine.cache.lookup(ids(prompt + reference), len(prompt) + len(reference))
+    assert hit.length == len(prompt) + 2 and hit.features[()].shape == (len(prompt) + 2, 64)  # cut like the KV
+    np.testing.assert_array_equal(hit.features[()].numpy(), result.hidden_states)
+    sequence = prompt + result.output_ids.tolist()
+    positions = engine.positions_computed
+    warm = step(engine, sequence, reference[3:5], hidden_from=0)
+    assert engine.positions_computed - positions == 1 + 2
+    engine.clear()
+    cold = step(engine, sequence, reference[3:5], hidden_from=0)
+    assert warm.output_ids.tolist() == cold.output_ids.tolist() == reference[3:6]
+    np.testing.assert_array_equal(warm.hidden_states, cold.hidden_states)
+
+
+def test_a_ragged_batch_takes_each_rows_states_from_the_cache(varied_model):
+    engine = ReferenceEngine(varied_model, max_context=512)
+    first, second, shared = _shared_prefix_prompts(25)
+    other_first, other, other_shared = _shared_prefix_prompts(26)
+    other = other + random_prompt(np.random.default_rng(27), 7)
+    fresh = random_prompt(np.random.default_rng(28), 11)
+    engine.verify([VerifyRequest(ids(first)), VerifyRequest(ids(other_first), hidden_from=0, hidden_layers=(0,))])
+    requests = [VerifyRequest(ids(second), ids([4, 5]), hidden_from=0),
+                VerifyRequest(ids(other), ids([6]), hidden_from=3, hidden_layers=(0,)),
+                VerifyRequest(ids(fresh), hidden_from=0)]
+    positions = engine.positions_computed
+    warm = engine.verify(requests)
+    assert engine.positions_computed - positions == (len(second) - shared + 2) + (len(other) - other_shared + 1) + len(fresh)
+    for request, together in zip(requests, warm):
+        engine.clear()
+        (alone,) = engine.verify([request])
+        assert together.output_ids.tolist() == alone.output_ids.tolist()
+        np.testing.assert_allclose(together.hidden_states, alone.hidden_states, rtol=1e-4, atol=1e-4)
+
+
+def test_returned_states_do_not_alias_the_cache(varied_model):
+    engine = ReferenceEngine(varied_model, max_context=512)
+    first, _, _ = _shared_prefix_prompts(29)
+    expected = step(engine, first, hidden_from=0).hidden_states.copy()
+    step(engine, first, hidden_from=0).hidden_states[:] = np.nan  # a caller writing to its array
+    positions = engine.positions_computed
+    again = step(engine, first, hidden_from=0)
+    assert engine.positions_computed - positions == 1  # the states came from the cache
+    np.testing.assert_array_equal(again.hidden_states, expected)
 
 
 # --- sampling ---------------------------------------------------------------------------

@@ -1,8 +1,16 @@
-"""A bounded LRU cache of key/value states of sequences the engine has seen.
+"""A bounded LRU cache of key/value states (and features) of sequences the engine has seen.
 
 The verify contract is stateless (every call carries the whole sequence), so the
 engine finds the KV of the longest cached prefix of an incoming sequence and only
 feeds the rest through the model.
+
+Features: a request that asks for hidden states from position ``h`` (Eagle drafters)
+needs the target's states at the reused positions too, which KV alone cannot give. So
+an entry also keeps, per *feature kind*, the states of all its positions: float32
+[n, F], tagged with the kind that produced them (the request's ``hidden_layers``:
+``()`` = the last post-norm state, otherwise those decoder layers' outputs
+concatenated). A request asking for states of kind ``K`` from ``h`` may reuse more than
+``h`` positions only from an entry holding ``K``; other entries serve it up to ``h``.
 
 Rules that keep the cache trustworthy:
 
@@ -12,15 +20,22 @@ Rules that keep the cache trustworthy:
   the entry's tensors cut to the common prefix; the stored entry is never modified
   (``DynamicCache.update`` concatenates into new tensors, ``crop`` re-slices), so a
   rejected draft or a diverging sequence cannot corrupt it;
-* storing a sequence drops the entries it extends (they are its prefixes);
+* an entry's features cover exactly its positions 0..n-1 (never a part of them), so a
+  kind is either wholly usable or absent; they are cut like the KV on a lookup;
+* storing a sequence drops the entries it extends (they are its prefixes), unless one
+  holds a feature kind the new entry lacks (dropping it would lose those features);
 * at most ``max_entries`` entries and ``max_tokens`` tokens in all; least recently
-  used entries are evicted first.
+  used entries are evicted first. The budget counts positions, not bytes: a position
+  of an entry costs its KV (2 * layers * kv_heads * head_dim floats, ~46 KB on
+  SmolLM2-135M) plus F floats per feature kind it holds (576 floats, ~2.3 KB, for
+  ``()``; ~6.9 KB for three layers' outputs), so features add up to ~20 % to an
+  entry's size at a given token count.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count
 
 import numpy as np
@@ -30,6 +45,8 @@ from transformers import DynamicCache
 from banditspec.errors import BanditSpecValidationError
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
+FeatureKind = tuple[int, ...]  # a request's hidden_layers: () = the last post-norm state
+Features = dict[FeatureKind, torch.Tensor]  # kind -> float32 [positions, F]
 
 
 def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
@@ -51,10 +68,12 @@ def cache_from_layers(layers: list[LayerKV]) -> DynamicCache:
 
 @dataclass
 class CacheEntry:
-    """token_ids: int32 [n]; layers: per layer (keys, values), float32 [1, kv_heads, n, head_dim]."""
+    """token_ids: int32 [n]; layers: per layer (keys, values), float32 [1, kv_heads, n, head_dim];
+    features: per kind, float32 [n, F] (positions 0..n-1)."""
 
     token_ids: np.ndarray
     layers: list[LayerKV]
+    features: Features = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -62,10 +81,12 @@ class CacheEntry:
 
 @dataclass(frozen=True)
 class PrefixHit:
-    """The reusable prefix of a sequence: its length and its KV (per layer, batch 1)."""
+    """The reusable prefix of a sequence: its length, its KV (per layer, batch 1) and the
+    features its entry holds, per kind float32 [length, F] (views, like the KV)."""
 
     length: int
     layers: list[LayerKV] | None
+    features: Features = field(default_factory=dict)
 
     def as_cache(self) -> DynamicCache | None:
         return None if self.layers is None else cache_from_layers(self.layers)
@@ -96,45 +117,60 @@ class PrefixCache:
     def clear(self) -> None:
         self._entries.clear()
 
-    def lookup(self, token_ids: np.ndarray, max_length: int) -> PrefixHit:
-        """The longest cached prefix of token_ids, at most max_length tokens long.
+    def lookup(self, token_ids: np.ndarray, max_length: int, hidden_from: int = -1,
+               kind: FeatureKind = ()) -> PrefixHit:
+        """The longest usable cached prefix of token_ids, at most max_length tokens long.
 
-        token_ids: int32 [seq_len]. The returned KV are views cut to the prefix; the
-        entry is marked as recently used and stays in the cache unchanged.
+        token_ids: int32 [seq_len]. With hidden_from = h >= 0 the caller needs states of
+        ``kind`` from position h: an entry without features of that kind serves at most h
+        positions. Of equally long prefixes, one whose entry holds ``kind`` is preferred
+        (what is stored next can keep them). The returned KV and features are views cut
+        to the prefix; the entry is marked as recently used and stays unchanged.
         """
-        best_key, best_length = None, 0
+        best_key, best_rank = None, (0, False)
         for key, entry in self._entries.items():
-            length = min(common_prefix_length(entry.token_ids, token_ids), max_length)
-            if length > best_length:
-                best_key, best_length = key, length
+            has_kind = kind in entry.features
+            limit = max_length if hidden_from < 0 or has_kind else min(max_length, hidden_from)
+            rank = (min(common_prefix_length(entry.token_ids, token_ids), limit), has_kind)
+            if rank[0] > 0 and rank > best_rank:
+                best_key, best_rank = key, rank
         if best_key is None:
             return PrefixHit(0, None)
         self._entries.move_to_end(best_key)
         self.hits += 1
-        entry = self._entries[best_key]
-        layers = [(k[:, :, :best_length], v[:, :, :best_length]) for k, v in entry.layers]
-        return PrefixHit(best_length, layers)
+        entry, length = self._entries[best_key], best_rank[0]
+        layers = [(k[:, :, :length], v[:, :, :length]) for k, v in entry.layers]
+        return PrefixHit(length, layers, {name: f[:length] for name, f in entry.features.items()})
 
-    def store(self, token_ids: np.ndarray, layers: list[LayerKV]) -> None:
-        """Keep the KV of token_ids (int32 [n]); layers: float32 [1, kv_heads, n, head_dim].
+    def store(self, token_ids: np.ndarray, layers: list[LayerKV], features: Features | None = None) -> None:
+        """Keep the KV of token_ids (int32 [n]); layers: float32 [1, kv_heads, n, head_dim];
+        features: per kind float32 [n, F], the states of all n positions (a kind not
+        known from position 0 must be left out).
 
-        Entries that are prefixes of token_ids are dropped (this one supersedes them);
-        then least recently used entries are evicted until both bounds hold. A
-        sequence longer than the whole token budget is not kept.
+        The tensors are kept as given (not copied): the caller must not modify them
+        afterwards. Entries that are prefixes of token_ids and hold no feature kind this
+        one lacks are dropped (this one supersedes them); then least recently used
+        entries are evicted until both bounds hold. A sequence longer than the whole
+        token budget is not kept.
         """
         n = len(token_ids)
+        features = dict(features or {})
         if n == 0 or n > self.max_tokens or self.max_entries == 0:
             return
         if layers and layers[0][0].shape[2] != n:
             raise ValueError(f"KV length {layers[0][0].shape[2]} != {n} token ids")
+        for kind, states in features.items():
+            if states.shape[0] != n:
+                raise ValueError(f"features {kind} cover {states.shape[0]} positions != {n} token ids")
         superseded = [
             key
             for key, entry in self._entries.items()
             if len(entry) <= n and common_prefix_length(entry.token_ids, token_ids) == len(entry)
+            and entry.features.keys() <= features.keys()
         ]
         for key in superseded:
             del self._entries[key]
-        self._entries[next(self._keys)] = CacheEntry(np.array(token_ids, dtype=np.int32), layers)
+        self._entries[next(self._keys)] = CacheEntry(np.array(token_ids, dtype=np.int32), layers, features)
         self._evict()
 
     def _evict(self) -> None:

@@ -22,7 +22,11 @@ Concurrency: ``verify`` may be called from several threads; a lock runs one
 forward pass at a time (batch requests to share a pass).
 
 Hidden states are the decoder's ``last_hidden_state`` (after the final RMSNorm, i.e.
-the LM head's input), as :class:`~banditspec.engine.contract.VerifyResult` documents.
+the LM head's input), as :class:`~banditspec.engine.contract.VerifyResult` documents,
+or the asked decoder layers' outputs. The prefix cache keeps them with the KV (see
+:mod:`banditspec.engine.prefix_cache`), so a request asking for states from position 0
+still reuses a cached prefix whose states of that kind are known: its rows below the
+first position fed come from the cache, the rest from this pass.
 
 End of sequence: when an accepted draft token equals ``end_id`` the output stops
 there. That EOS is reported as the target's own token (the target would have
@@ -44,7 +48,7 @@ from transformers import DynamicCache
 from banditspec.engine.allocator import keep_freed_memory
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.fast_llama import FastLlama, Linear, PackedLinear, make_linear
-from banditspec.engine.prefix_cache import LayerKV, PrefixCache, PrefixHit, cache_layers
+from banditspec.engine.prefix_cache import FeatureKind, Features, LayerKV, PrefixCache, PrefixHit, cache_layers
 from banditspec.engine.sampling import (
     count_greedy_accepted,
     coupled_sample,
@@ -76,6 +80,11 @@ class CheckedRequest:
     end_id: int
     hidden_from: int
     hidden_layers: tuple[int, ...] = ()
+
+    @property
+    def feature_kind(self) -> FeatureKind:
+        """The kind of states returned: the asked layers, () (post-norm) when none are asked."""
+        return self.hidden_layers if self.hidden_from >= 0 else ()
 
 
 def validate_request(request: VerifyRequest, vocab_size: int, max_context: int,
@@ -177,13 +186,14 @@ class _Job:
 class _RowOutput:
     """Forward output of one sequence.
 
-    hidden: float32 [n_new, F] states at positions start .. start + n_new - 1 (the last
-            post-norm state, or the asked layers' outputs concatenated; see _forward).
-    logits: float32 [gamma + 1, vocab] at positions seq_len - 1 .. seq_len - 1 + gamma.
-    layers: per layer (keys, values) float32 [1, kv_heads, start + n_new, head_dim].
+    features: per kind, float32 [n_new, F] states at positions start .. start + n_new - 1:
+              always () (the last post-norm state), and the request's feature_kind (the
+              asked layers' outputs concatenated; see _features).
+    logits:   float32 [gamma + 1, vocab] at positions seq_len - 1 .. seq_len - 1 + gamma.
+    layers:   per layer (keys, values) float32 [1, kv_heads, start + n_new, head_dim].
     """
 
-    hidden: torch.Tensor
+    features: Features
     logits: torch.Tensor
     layers: list[LayerKV]
 
@@ -316,12 +326,11 @@ class ReferenceEngine:
             return [self._decide(job, row) for job, row in zip(jobs, rows)]
 
     def _plan(self, request: CheckedRequest) -> _Job:
-        # The last input token is always fed (its logits are needed), and positions
-        # from hidden_from on are recomputed when their hidden states are asked for.
+        # The last input token is always fed (its logits are needed). Positions from
+        # hidden_from on are recomputed when their hidden states are asked for, unless
+        # the cached entry holds states of the asked kind (the cache caps at hidden_from).
         reuse_limit = len(request.input_ids) - 1
-        if request.hidden_from >= 0:
-            reuse_limit = min(reuse_limit, request.hidden_from)
-        prefix = self.cache.lookup(request.input_ids, reuse_limit)
+        prefix = self.cache.lookup(request.input_ids, reuse_limit, request.hidden_from, request.feature_kind)
         sequence = np.concatenate([request.input_ids, request.draft_ids]).astype(np.int64)
         return _Job(request, prefix, sequence[prefix.length :])
 
@@ -371,19 +380,20 @@ class ReferenceEngine:
         logits = self._lm_head(decision_rows).float().split([job.gamma + 1 for job in jobs])
         layers = [self._row_layers(new_layers, b, batch, max_cached - cached[b], max_cached + fresh[b])
                   for b in range(batch)]
-        states = [self._states(job, hidden[b, : fresh[b]], capture, [c[b, : fresh[b]] for c in captured])
-                  for b, job in enumerate(jobs)]
-        return [_RowOutput(states[b], logits[b], layers[b]) for b in range(batch)]
+        features = [self._features(job, hidden[b, : fresh[b]], capture, [c[b, : fresh[b]] for c in captured])
+                    for b, job in enumerate(jobs)]
+        return [_RowOutput(features[b], logits[b], layers[b]) for b in range(batch)]
 
     @staticmethod
-    def _states(job: _Job, last: torch.Tensor, capture: tuple[int, ...],
-                captured: list[torch.Tensor]) -> torch.Tensor:
-        """The hidden states a job asked for, float32 [n_new, F]: ``last`` (post-norm) when it
-        named no layers, else its layers' outputs concatenated in its order."""
-        layers = job.request.hidden_layers
-        if job.request.hidden_from < 0 or not layers:
-            return last
-        return torch.cat([captured[capture.index(a)] for a in layers], dim=-1)
+    def _features(job: _Job, last: torch.Tensor, capture: tuple[int, ...],
+                  captured: list[torch.Tensor]) -> Features:
+        """A job's fresh states per kind, float32 [n_new, F]: () = ``last`` (post-norm), which
+        every pass computes; and, when it asked for layers, their outputs concatenated in its order."""
+        features = {(): last}
+        kind = job.request.feature_kind
+        if kind:
+            features[kind] = torch.cat([captured[capture.index(a)] for a in kind], dim=-1)
+        return features
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: float32 [rows, hidden] -> logits float32 [rows, vocab]."""
@@ -447,13 +457,42 @@ class ReferenceEngine:
             num_accepted = int(eos_positions[0])  # the EOS becomes the target's own token
             output_ids = draft_ids[: num_accepted + 1].copy()
 
-        # Roll back: keep KV of input + accepted tokens only (what DynamicCache.crop does).
+        # Roll back: keep KV and states of input + accepted tokens only (what DynamicCache.crop does).
         kept = input_length + num_accepted
         layers = [(k[:, :, :kept], v[:, :, :kept]) for k, v in row.layers]
-        self.cache.store(np.concatenate([request.input_ids, draft_ids[:num_accepted]]), layers)
+        features = self._kept_features(job, row, kept)
+        self.cache.store(np.concatenate([request.input_ids, draft_ids[:num_accepted]]), layers, features)
 
         hidden_states = None
         if request.hidden_from >= 0:
-            rows = row.hidden[request.hidden_from - job.start : kept - job.start]
-            hidden_states = rows.float().numpy().copy()
+            kind, start = request.feature_kind, job.start
+            if kind in features:  # positions 0 .. kept - 1, cached ones first
+                rows = features[kind][request.hidden_from : kept]
+            elif start <= request.hidden_from:  # the cache served at most hidden_from positions
+                rows = row.features[kind][request.hidden_from - start : kept - start]
+            else:
+                raise RuntimeError(f"prefix of {start} reused past hidden_from {request.hidden_from} without its states")
+            hidden_states = rows.float().numpy().copy()  # a copy: the caller may write to it
         return VerifyResult(output_ids=output_ids, num_accepted=num_accepted, hidden_states=hidden_states)
+
+    @staticmethod
+    def _kept_features(job: _Job, row: _RowOutput, kept: int) -> Features:
+        """The states of positions 0 .. kept - 1 per kind known from position 0: the cached
+        prefix's, then this pass's up to ``kept`` (a rejected draft's are dropped). New
+        tensors (cat / clone): the entry pins no batch output and nothing writes to it later.
+
+        () is kept for every job, asked or not: every pass computes it, it costs ~5 % of
+        the KV's memory (F = hidden floats a position against 2 * layers * kv_heads *
+        head_dim), and so every entry holds it: an Eagle request (hidden_from = 0 on its
+        first step) reuses a prefix that a request without Eagle, or a step that asked for
+        no states, cached. Kept only when asked, one such step would leave an entry, and
+        every entry extending it, unusable from position 0.
+        """
+        fresh = kept - job.start
+        features: Features = {}
+        for kind, states in row.features.items():
+            if job.start == 0:
+                features[kind] = states[:fresh].clone()
+            elif kind in job.prefix.features:
+                features[kind] = torch.cat([job.prefix.features[kind], states[:fresh]])
+        return features
