@@ -28,6 +28,8 @@ STEEP = [1.00, 1.54, 1.77, 1.79, 1.98, 2.10, 2.21, 2.26, 2.31]  # the fp32 engin
 FLAT = [1.00, 1.02, 1.04, 1.06, 1.08, 1.10, 1.12, 1.14, 1.16]  # GPU-like
 ENGINE_JSON = Path("docs/benchmarks/engine/engine_cost.json")
 ADAPTIVE = ("costaware", "ucbspec", "exp3spec")
+COSTLY = ("eagle",)  # drafters that propose only when chosen (bandit feedback, a cost per call)
+EAGLE_COST = "0.027,0.091"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--max-draft-len", type=int, default=4, help="L of the replayed policies")
     parser.add_argument("--record-len", type=int, default=8, help="tokens recorded per proposal (>= L)")
-    parser.add_argument("--drafters", default="pld,suffix,rest")
+    parser.add_argument("--drafters", default="pld,suffix,rest",
+                        help="drafters to record and replay; eagle (costly: proposes only when chosen) is recorded "
+                             "from the target's states at every position, once, beside the cheap ones")
+    parser.add_argument("--eagle-cost", default=EAGLE_COST,
+                        help="Eagle's drafting cost as CALL,TOKEN in units of a one-token verify (default: int8 "
+                             "head, measured: 1.1 ms a call + 3.7 ms a drafted token against a 40.7 ms verify)")
     parser.add_argument("--costs", default="steep,flat,measured", help="cost models: steep, flat, measured, or FILE.json")
     parser.add_argument("--batch", type=int, default=8, help="sequences per forward while recording")
     parser.add_argument("--threads", type=int, default=2)
@@ -119,27 +126,69 @@ def record(args, prompts: list[tuple[str, str]]):
 
     tokenizer = load_tokenizer(args.model)
     ids = [prompt_ids(tokenizer, text, chat=True) for _, text in prompts]
-    drafter_names = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    names = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    drafter_names = [d for d in names if d not in COSTLY]
     key = hashlib.sha256(json.dumps([args.model, args.max_tokens, args.record_len, drafter_names, ids]).encode()).hexdigest()[:16]
     path = cache_dir() / "traces" / f"{key}.jsonl"
+    engine = None
     if path.exists():
-        return [Trace.from_dict(json.loads(line)) for line in path.read_text().splitlines()], tokenizer
-    from banditspec.engine.reference import ReferenceEngine
+        traces = [Trace.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
+    else:
+        from banditspec.engine.reference import ReferenceEngine
 
-    torch.set_num_threads(max(1, args.threads))
-    engine = ReferenceEngine.from_name(args.model, max_context=2048, cache_entries=max(8, args.batch))
-    with torch.inference_mode():
-        outputs = _greedy_batched(engine, ids, args.max_tokens, args.batch)
-    drafters = build_drafters(drafter_names, tokenizer)
-    from tqdm import tqdm
+        torch.set_num_threads(max(1, args.threads))
+        engine = ReferenceEngine.from_name(args.model, max_context=2048, cache_entries=max(8, args.batch))
+        with torch.inference_mode():
+            outputs = _greedy_batched(engine, ids, args.max_tokens, args.batch)
+        drafters = build_drafters(drafter_names, tokenizer)
+        from tqdm import tqdm
 
-    traces = [record_proposals(Trace(kind, p, out), drafters, args.record_len)
-              for (kind, _), p, out in tqdm(list(zip(prompts, ids, outputs)), desc="recording proposals")]
+        traces = [record_proposals(Trace(kind, p, out), drafters, args.record_len)
+                  for (kind, _), p, out in tqdm(list(zip(prompts, ids, outputs)), desc="recording proposals")]
+        _write_lines(path, [json.dumps(t.as_dict()) for t in traces])
+    for name in (d for d in names if d in COSTLY):
+        _record_costly(args, name, traces, tokenizer, cache_dir() / "traces" / f"{key}-{name}.jsonl", engine)
+    return traces, tokenizer
+
+
+def _write_lines(path: Path, lines: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(json.dumps(t.as_dict()) for t in traces) + "\n")
+    tmp.write_text("\n".join(lines) + "\n")
     tmp.rename(path)
-    return traces, tokenizer
+
+
+def _record_costly(args, name: str, traces, tokenizer, path: Path, engine=None) -> None:
+    """Add a costly drafter's proposals to the traces (cached beside them): one forward per
+    prompt over prompt + output gives the target's states at every position; the drafter's
+    session is then fed and asked at every position as decoding would."""
+    import torch
+    from tqdm import tqdm
+
+    from banditspec.drafters.registry import build_drafters
+    from banditspec.engine.contract import VerifyRequest
+    from banditspec.replay import record_costly_proposals
+
+    if path.exists():
+        for trace, line in zip(traces, path.read_text().splitlines()):
+            trace.proposals[name] = json.loads(line)
+            trace.match_len[name] = [0] * len(trace.proposals[name])
+        return
+    if engine is None:
+        from banditspec.engine.reference import ReferenceEngine
+
+        torch.set_num_threads(max(1, args.threads))
+        engine = ReferenceEngine.from_name(args.model, max_context=2048, cache_entries=1)
+    drafter = build_drafters([name], tokenizer, target_model=engine.model)[name]
+    layers = tuple(getattr(drafter, "feature_layers", ()) or ())
+    with torch.inference_mode():
+        for trace in tqdm(traces, desc=f"recording {name} proposals"):
+            sequence = np.asarray(trace.prompt_ids + trace.target[:-1], dtype=np.int32)
+            engine.clear()
+            (result,) = engine.verify([VerifyRequest(sequence, np.zeros(0, dtype=np.int32), hidden_from=0,
+                                                     hidden_layers=layers)])
+            record_costly_proposals(trace, name, drafter, result.hidden_states, args.record_len)
+    _write_lines(path, [json.dumps(t.proposals[name]) for t in traces])
 
 
 # --- evaluation -------------------------------------------------------------------------
@@ -167,7 +216,10 @@ def _cost_model(ratios: list[float], max_tokens: int):
     return CostModel.fixed(full)
 
 
-def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters: list[str]) -> dict:
+def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters: list[str],
+             costly_relative: dict[str, tuple[float, float]] | None = None) -> dict:
+    """``costly_relative``: costly drafter -> (per call, per drafted token) in units of a
+    one-token verify of each cost model."""
     from tqdm import tqdm
 
     from banditspec.replay import per_step_oracle_seconds, replay_policy
@@ -178,13 +230,16 @@ def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters
     for cost in costs:
         platform = _cost_model(_curve(cost), 17)
         curve = platform.curve()
+        costly = {d: (c * float(curve[1]), t * float(curve[1])) for d, (c, t) in (costly_relative or {}).items()
+                  if d in drafters}
         per_method = {}
         for method in tqdm(methods, desc=f"replay ({cost})"):
             per_method[method] = replay_policy(traces, method, drafters, platform, max_draft_len=max_draft_len,
-                                               eos_id=eos_id)["rows"]
+                                               eos_id=eos_id, costly=costly)["rows"]
         oracle_step = []
         for trace, row in zip(traces, per_method["vanilla"]):
-            oracle_step.append(per_step_oracle_seconds(trace, curve, max_draft_len, drafters, n=row["tokens"] + (1 if trace.target[-1] == eos_id else 0)))
+            oracle_step.append(per_step_oracle_seconds(trace, curve, max_draft_len, drafters, n=row["tokens"] + (1 if trace.target[-1] == eos_id else 0),
+                                                       draft_seconds=costly))
         results[cost] = {"methods": per_method, "per_step_oracle": oracle_step, "curve": platform.relative()[:9]}
     return results
 
@@ -275,7 +330,9 @@ def run(args) -> int:
     if "measured" in costs and not ENGINE_JSON.exists():
         print(f"no {ENGINE_JSON} (run banditspec bench-engine): skipping the measured cost model")
         costs.remove("measured")
-    results = evaluate(traces, int(tokenizer.eos_token_id), costs, args.max_draft_len, drafters)
+    call, token = (float(x) for x in args.eagle_cost.split(","))
+    results = evaluate(traces, int(tokenizer.eos_token_id), costs, args.max_draft_len, drafters,
+                       {d: (call, token) for d in drafters if d in COSTLY})
     kinds = sorted({t.kind for t in traces})
     summary = summarise(results, traces, kinds + (["mixed"] if len(kinds) > 1 else []))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -360,8 +417,8 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
     platform = CostModel.fixed([float(c) / float(curve[1]) for c in curve[1:]], one_token_seconds=float(curve[1]))
     predicted: dict[str, list[dict]] = {}
     for method in methods:
-        rows = replay_policy(subset, method, arms, platform,
-                             max_draft_len=args.max_draft_len, eos_id=eos)["rows"]
+        rows = replay_policy(subset, method, arms, platform, max_draft_len=args.max_draft_len, eos_id=eos,
+                             costly={d: c for d, c in live.draft_costs().items() if d in COSTLY})["rows"]
         predicted[method] = []
         for row in rows:
             tokens, seconds = _decode_rate(row["step_seconds"], row["accepted"])

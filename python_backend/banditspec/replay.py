@@ -12,8 +12,11 @@ with the real policies) against :class:`ReplayEngine` and :class:`ReplayDrafter`
 stand-ins and a virtual clock that advances by the platform's cost of each round, so
 what is measured is the shipped code's behaviour, not a re-implementation of it.
 
-Not covered: the Eagle arm (its proposals need the target's hidden states and a head
-forward per position; record them separately when affordable) and sampling.
+A costly drafter (Eagle) is replayed too when recorded (:func:`record_costly_proposals`:
+its proposal at every position, from the target's states at every position, computed
+once): it proposes only when chosen, and each call advances the clock by its drafting
+cost (per call plus per drafted token, in units of a one-token verify). Not covered:
+sampling.
 """
 
 from __future__ import annotations
@@ -68,6 +71,28 @@ def record_proposals(trace: Trace, drafters: dict, max_len: int) -> Trace:
             session.observe([token])
         session.close(finished=True)
         trace.proposals[name], trace.match_len[name] = proposals, matches
+    return trace
+
+
+def record_costly_proposals(trace: Trace, name: str, drafter, features: np.ndarray, max_len: int) -> Trace:
+    """Fill ``trace.proposals[name]`` for a drafter that reads the target's states (Eagle).
+
+    features: float32 [len(prompt) + len(target) - 1, F], the target's states at every
+    position of prompt + target but the last (row p produced token p + 1). The session is
+    fed as decoding feeds it: the first step's token with the prompt's rows, then one
+    token and its row per step; at each position it proposes up to ``max_len`` tokens
+    (empty where it declines, and at position 0, before any state has come)."""
+    prompt = len(trace.prompt_ids)
+    if len(features) != prompt + len(trace.target) - 1:
+        raise ValueError(f"{len(features)} feature rows for {prompt} prompt and {len(trace.target)} target tokens")
+    session = drafter.start(trace.prompt_ids)
+    proposals = []
+    for i, token in enumerate(trace.target):
+        proposals.append([int(t) for t in session.propose(max_len).token_ids])
+        rows = features[:prompt] if i == 0 else features[prompt + i - 1 : prompt + i]
+        session.observe([token], rows)
+    session.close(finished=True)
+    trace.proposals[name], trace.match_len[name] = proposals, [0] * len(proposals)
     return trace
 
 
@@ -141,13 +166,21 @@ class ReplayEngine:
 
 
 class ReplayDrafter:
-    """A cheap drafter that proposes what the real one proposed at this position."""
+    """A drafter that proposes what the real one proposed at this position.
 
-    def __init__(self, name: str, traces: Sequence[Trace], clock: VirtualClock, propose_seconds: float = 0.0):
+    ``draft_seconds`` = (per call, per drafted token): what a proposal costs on the clock;
+    a costly drafter (Eagle) also declares itself so (``costly``), so that the controller
+    calls it only when it chooses it. A decline still costs a call and one token (the head
+    ran once to decide it)."""
+
+    def __init__(self, name: str, traces: Sequence[Trace], clock: VirtualClock, propose_seconds: float = 0.0,
+                 *, costly: bool = False, draft_seconds: tuple[float, float] = (0.0, 0.0)):
         self.name = name
+        self.costly = costly
         self._by_prompt = {tuple(t.prompt_ids): t for t in traces}
         self._clock = clock
         self._propose_seconds = propose_seconds
+        self._draft_seconds = draft_seconds
 
     def start(self, prompt_ids: Sequence[int]) -> "_ReplaySession":
         return _ReplaySession(self, self._by_prompt[tuple(int(t) for t in prompt_ids)])
@@ -158,11 +191,16 @@ class _ReplaySession:
         self._drafter, self._trace, self._position = drafter, trace, 0
 
     def propose(self, max_len: int) -> Draft:
-        self._drafter._clock.advance(self._drafter._propose_seconds)
-        proposals = self._trace.proposals[self._drafter.name]
+        drafter = self._drafter
+        proposals = self._trace.proposals[drafter.name]
+        tokens = proposals[self._position][:max_len] if self._position < len(proposals) else []
+        seconds = drafter._propose_seconds
+        if drafter.costly:
+            per_call, per_token = drafter._draft_seconds
+            seconds += per_call + per_token * max(1, len(tokens))
+        drafter._clock.advance(seconds)
         if self._position >= len(proposals):
             return Draft()
-        tokens = proposals[self._position][:max_len]
         return Draft(np.asarray(tokens, dtype=np.int32), None, self._trace.match_len[self._drafter.name][self._position])
 
     def observe(self, new_tokens, hidden_states=None) -> None:
@@ -173,11 +211,13 @@ class _ReplaySession:
 
 
 def per_step_oracle_seconds(trace: Trace, curve: np.ndarray, max_len: int, drafters: Sequence[str],
-                            n: int | None = None) -> float:
+                            n: int | None = None, draft_seconds: dict[str, tuple[float, float]] | None = None) -> float:
     """The fastest way to produce the first ``n`` target tokens in hindsight: the best
     choice (plain, or a drafter and gamma) at every step, by dynamic programming over
     positions; decode cost only (no prefill). A step at position i drafting gamma tokens
-    of which a are accepted produces a + 1 tokens and costs curve[1 + gamma]."""
+    of which a are accepted produces a + 1 tokens and costs curve[1 + gamma] (plus, for a
+    drafter in ``draft_seconds``, its per-call and per-token drafting cost)."""
+    draft_seconds = draft_seconds or {}
     n = len(trace.target) if n is None else n
     best = np.full(n + 1, np.inf)
     best[n] = 0.0
@@ -185,21 +225,26 @@ def per_step_oracle_seconds(trace: Trace, curve: np.ndarray, max_len: int, draft
         value = curve[1] + best[i + 1]
         for name in drafters:
             proposal = trace.proposals[name][i]
+            per_call, per_token = draft_seconds.get(name, (0.0, 0.0))
             accepted, matching = 0, True
             for gamma in range(1, min(len(proposal), max_len, n - 1 - i) + 1):
                 if matching and proposal[gamma - 1] == trace.target[i + gamma - 1]:
                     accepted = gamma
                 else:
                     matching = False
-                value = min(value, curve[1 + gamma] + best[i + accepted + 1])
+                value = min(value, curve[1 + gamma] + per_call + per_token * gamma + best[i + accepted + 1])
         best[i] = value
     return float(best[0])
 
 
 def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], platform: CostModel, *,
-                  max_draft_len: int, eos_id: int, make_decoder: Callable | None = None) -> dict:
+                  max_draft_len: int, eos_id: int, make_decoder: Callable | None = None,
+                  costly: dict[str, tuple[float, float]] | None = None) -> dict:
     """Run ``policy`` over the traces in order (one server: shared statistics carry over);
-    returns per-trace decode seconds (prefill excluded), steps, tokens and identity."""
+    returns per-trace decode seconds (prefill excluded), steps, tokens and identity.
+    ``costly``: drafter -> (per call, per drafted token) in seconds, for the drafters that
+    propose only when chosen (Eagle)."""
+    costly = costly or {}
     from banditspec.config import GenerationRequest, Limits
     from banditspec.decoder import SpeculativeDecoder
     from banditspec.decoding import run_to_completion
@@ -207,7 +252,8 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
     clock = VirtualClock()
     engine = ReplayEngine(traces, platform, clock, eos_id=eos_id)
     drafter_names = sorted({a.partition("@")[0] for a in arms if a != "vanilla"})
-    drafters = {d: ReplayDrafter(d, traces, clock) for d in drafter_names}
+    drafters = {d: ReplayDrafter(d, traces, clock, costly=d in costly, draft_seconds=costly.get(d, (0.0, 0.0)))
+                for d in drafter_names}
     decoder = SpeculativeDecoder(
         drafters=drafters, vocab_size=engine.vocab_size, max_context=engine.max_context, eos_id=eos_id,
         default_arms=list(arms), limits=Limits(max_tokens=1 << 20, max_prompt_tokens=1 << 20),
