@@ -41,7 +41,8 @@ def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int
         for k in range(1, top + 1):
             model.observe(k, timed(k))
     model.calibrated = True
-    engine.clear()
+    if hasattr(engine, "clear"):  # an engine reached through Triton evicts on its own
+        engine.clear()
 
 
 @dataclass

@@ -235,11 +235,17 @@ def parse_inputs(
 class Controller:
     """Runs requests: parse, tokenize, decode step by step through ``engine``, stream text."""
 
-    def __init__(self, decoder: SpeculativeDecoder, engine: Engine, tokenizer, defaults: ServingDefaults):
+    def __init__(self, decoder: SpeculativeDecoder, engine: Engine, tokenizer, defaults: ServingDefaults,
+                 calibrate: Callable[[], None] | None = None):
+        """calibrate: times the target once, before the first request decodes (the cost
+        model's verify curve: without it the controller starts from a prior slope and, choosing
+        short drafts because of it, rarely observes the long ones that would correct it)."""
         self.decoder = decoder
         self.engine = engine
         self.tokenizer = tokenizer
         self.defaults = defaults
+        self._calibrate = calibrate
+        self._calibrate_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(defaults.max_concurrent_sequences)
         self._active = 0
         self._active_lock = threading.Lock()
@@ -317,12 +323,27 @@ class Controller:
         self._change_active(+1)
         outcome = OUTCOME_INTERNAL
         try:
+            self._calibrate_once()
             info = {"compat": compat, "prompt_tokens": len(request.prompt_ids), "arrival_ns": arrival_ns}
             outcome = self._run(session, stream, sink, info)
         finally:
             self._change_active(-1)
             self._slots.release()
             self._notify(self.on_request_done, outcome, session.stats)
+
+    def _calibrate_once(self) -> None:
+        """Run ``calibrate`` once (the first request waits for it, ~1-3 s); a failure is
+        logged and the cost model goes on learning online from the prior."""
+        if self._calibrate is None:
+            return
+        with self._calibrate_lock:
+            calibrate, self._calibrate = self._calibrate, None
+            if calibrate is None:
+                return
+            try:
+                calibrate()
+            except Exception:
+                log.exception("calibrating the cost model failed; it learns online from its prior")
 
     def _run(self, session, stream: bool, sink: ResponseSink, info: dict | None = None) -> str:
         """Decode ``session`` to the end, streaming through ``sink``; returns the outcome."""

@@ -82,7 +82,10 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
         chat_template=config.chat_template,
         max_concurrent_sequences=config.max_concurrent_sequences,
     )
-    controller = Controller(decoder, engine, tokenizer, defaults)
+    from banditspec.runtime import calibrate_cost_model
+
+    controller = Controller(decoder, engine, tokenizer, defaults,
+                            calibrate=lambda: calibrate_cost_model(decoder, engine))
     if hasattr(budget, "bind_active_sequences"):  # the server's exact count of sequences in flight
         budget.bind_active_sequences(lambda: controller.active_sequences)
     return controller

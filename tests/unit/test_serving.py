@@ -255,3 +255,35 @@ def test_the_published_active_count_ends_at_zero_under_concurrent_requests():
         t.join(60)
     assert controller.active_sequences == 0
     assert published[-1] == 0 and len(published) == 64
+
+
+def test_the_cost_model_is_calibrated_once_before_the_first_request_decodes():
+    """Through Triton the controller's verify-cost curve used to start from a prior slope and
+    learn only from the draft lengths it chose (short ones, because of that slope): the
+    serving controller now times the target once, before the first request decodes."""
+    from banditspec.runtime import calibrate_cost_model
+
+    engine = MockEngine(vocab_size=257, eos_id=256, max_context=1024)
+    decoder = SpeculativeDecoder.for_engine(engine, {"right": ScriptedDrafter("right", oracle(engine, length_cap=3))})
+    order = []
+
+    def calibrate():
+        order.append(("calibrate", engine.calls))
+        calibrate_cost_model(decoder, engine, max_tokens=5, reps=3, cached=16)
+
+    controller = Controller(decoder, engine, ByteTokenizer(), ServingDefaults(), calibrate=calibrate)
+    assert not decoder.cost_model.calibrated
+    for _ in range(2):
+        sink = RecordingSink()
+        controller.handle(inputs(max_tokens=10), sink)
+        assert not sink.errors and sink.text == expected_text(engine, "hello world", 10)
+    assert order == [("calibrate", 0)]  # once, before any decoding call
+    assert decoder.cost_model.calibrated and min(decoder.cost_model.as_dict()["observations"][:5]) >= 3
+
+    def broken():
+        raise RuntimeError("target unreachable")
+
+    failing = Controller(decoder, engine, ByteTokenizer(), ServingDefaults(), calibrate=broken)
+    sink = RecordingSink()
+    failing.handle(inputs(max_tokens=10), sink)  # a failed calibration does not fail the request
+    assert not sink.errors and sink.text == expected_text(engine, "hello world", 10)

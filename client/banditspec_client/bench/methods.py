@@ -118,6 +118,7 @@ class RunRecord:
               processes (through Triton); unlike wall time, other load on the machine barely
               changes it
     arms, drafted, accepted, step_ms, verify_ms: per step, as in the request's speculation stats
+    target_compute_ms, target_calls: through Triton, the target's own compute (see the field)
     """
 
     workload: str
@@ -135,6 +136,10 @@ class RunRecord:
     accepted: list[int] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
     verify_ms: list[float] = field(default_factory=list)
+    # through Triton: the target model's own compute during the request (its stub's execute
+    # time, from Triton's statistics) and its executions; None in process
+    target_compute_ms: float | None = None
+    target_calls: int | None = None
 
     @property
     def tokens_per_second(self) -> float:

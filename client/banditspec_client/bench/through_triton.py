@@ -173,15 +173,28 @@ class TritonRunner:
             inputs.append(tensor)
         self._client.infer("target", inputs)
 
+    def _target_compute(self) -> tuple[float, int]:
+        """(milliseconds, executions) of the ``target`` model's compute so far, from Triton's
+        statistics: what its stub spent in ``execute``, without the BLS round trip."""
+        stats = self._client.get_inference_statistics("target", as_json=True)
+        model = stats["model_stats"][0]
+        compute = model["inference_stats"].get("compute_infer", {})
+        return int(compute.get("ns", 0)) / 1e6, int(model.get("execution_count", 0))
+
     def run(self, prompt: Prompt, method: Method, max_tokens: int) -> RunRecord:
         pgid = self._server.process.pid  # the server runs in its own session; its stubs too
         cpu_before = process_group_cpu_seconds(pgid)
+        target_before = self._target_compute()
         result = self._generate(
             self.model_for[method.name], prompt.text, method, max_tokens, self.adaptive_arms if method.adaptive else None
         )
         cpu_seconds = process_group_cpu_seconds(pgid) - cpu_before
+        target_after = self._target_compute()
         self._flush()
-        return RunRecord.from_stats(
+        record = RunRecord.from_stats(
             workload=prompt.workload, kind=prompt.kind, prompt_id=prompt.prompt_id, method=method.name,
             seconds=result.seconds, output_digest=digest(result.text), stats=result.stats, cpu_seconds=cpu_seconds,
         )
+        record.target_compute_ms = round(target_after[0] - target_before[0], 3)
+        record.target_calls = target_after[1] - target_before[1]
+        return record
