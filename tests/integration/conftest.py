@@ -22,6 +22,11 @@ def server():
         overrides={"banditspec": {"max_concurrent_sequences": "4"}},
     )
     with srv:
+        # The controller times the target before its first request decodes (the cost model's
+        # calibration, ~30 target calls); tests that count the target's calls start after it.
+        from banditspec_client.triton_client import GenerationOptions, generate_grpc
+
+        generate_grpc(srv.grpc_url, "warm-up", GenerationOptions(max_tokens=1))
         yield srv
 
 
