@@ -78,3 +78,56 @@ def test_engine_keeps_freed_memory_in_the_heap():
 
     assert allocator.keep_freed_memory() is True  # glibc here: the thresholds were accepted
     assert allocator.keep_freed_memory() is True  # once per process, idempotent
+
+
+# (heads, kv heads): SmolLM2's 9 / 3, and groups that are not whole triples or are 1 / 8 wide
+ATTENTION_HEADS = [(9, 3), (4, 2), (8, 8), (6, 1), (8, 1)]
+
+
+@pytest.mark.parametrize("heads,kv_heads", ATTENTION_HEADS)
+def test_attention_values_and_rows_bitwise(library, heads, kv_heads):
+    """Close to torch's attention; each query row bitwise the same computed alone, in a
+    call of 21 rows (two row blocks), after left padding, and over views of a longer buffer."""
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    cached, fresh, dim = 37, 21, 64  # keys span several key chunks
+    q = torch.randn(1, heads, fresh, dim, generator=generator)
+    k = torch.randn(1, kv_heads, cached + fresh, dim, generator=generator)
+    v = torch.randn(1, kv_heads, cached + fresh, dim, generator=generator)
+    hi = (torch.arange(fresh) + cached + 1)[None]
+    lo = torch.zeros(1, fresh, dtype=torch.long)
+    out = panel_kernel.attention(library, q, k, v, lo, hi, 0.125)
+    mask = torch.ones(fresh, cached + fresh, dtype=torch.bool).tril(diagonal=cached)
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, scale=0.125,
+                                              enable_gqa=True).transpose(1, 2).reshape(1, fresh, heads * dim)
+    assert out.shape == (1, fresh, heads * dim)
+    assert torch.allclose(out.double(), expected, atol=2e-6)
+    for t in range(fresh):
+        end = cached + t + 1
+        alone = panel_kernel.attention(library, q[:, :, t : t + 1], k[:, :, :end], v[:, :, :end], lo[:, :1], hi[:, t : t + 1], 0.125)
+        assert torch.equal(alone[0, 0], out[0, t]), t
+    pad = 5
+    padded_k = torch.cat([torch.randn(1, kv_heads, pad, dim, generator=generator), k], dim=2)
+    padded_v = torch.cat([torch.randn(1, kv_heads, pad, dim, generator=generator), v], dim=2)
+    assert torch.equal(panel_kernel.attention(library, q, padded_k, padded_v, lo + pad, hi + pad, 0.125), out)
+    buffer_k = torch.randn(1, kv_heads, cached + fresh + 40, dim, generator=generator)
+    buffer_v = torch.randn(1, kv_heads, cached + fresh + 40, dim, generator=generator)
+    buffer_k[:, :, : cached + fresh], buffer_v[:, :, : cached + fresh] = k, v
+    view_k, view_v = buffer_k[:, :, : cached + fresh], buffer_v[:, :, : cached + fresh]
+    assert kv_heads == 1 or not view_k.is_contiguous()
+    assert torch.equal(panel_kernel.attention(library, q, view_k, view_v, lo, hi, 0.125), out)
+
+
+def test_attention_softmax_underflow_and_one_key(library):
+    """A key far below the others gets weight 0 (not NaN); a single key returns its value."""
+    q = torch.zeros(1, 3, 1, 8)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 3, 2, 8)
+    k[:, :, 0, 0] = -1000.0  # score -1000 against 0: e^-1000 underflows
+    v = torch.arange(2 * 8, dtype=torch.float32).view(1, 1, 2, 8).expand(1, 3, 2, 8).contiguous()
+    lo, hi = torch.zeros(1, 1, dtype=torch.long), torch.full((1, 1), 2)
+    out = panel_kernel.attention(library, q, k, v, lo, hi, 1.0).view(3, 8)
+    assert torch.equal(out, v[0, :, 1])
+    one = panel_kernel.attention(library, q, k, v, lo + 1, hi, 1.0).view(3, 8)
+    assert torch.equal(one, v[0, :, 1])

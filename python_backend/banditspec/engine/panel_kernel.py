@@ -98,7 +98,7 @@ def load() -> ctypes.CDLL | None:
         library.bs_panel_stride.argtypes = [i64]
         library.bs_panel_stride.restype = i64
         library.bs_panel_width.restype = ctypes.c_int
-        library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr] + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
+        library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr] + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
         library.bs_attention.restype = None
         _library = library
         return library
@@ -158,20 +158,22 @@ def attention(
 ) -> torch.Tensor:
     """Grouped-query attention in a fixed reduction order (see panel_gemm.c).
 
-    q: float32 [B, H, T, D] (any strides, D contiguous); k, v: float32 [B, KVH, L, D];
-    lo, hi: int64 [B, T]: query (b, t) attends to keys lo[b, t] <= j < hi[b, t].
+    q: float32 [B, H, T, D] (any strides, D contiguous); k, v: float32 [B, KVH, L, D] with
+    rows of D contiguous floats (views of a longer buffer are fine; k and v strided alike);
+    lo, hi: int64 [B, T]: query (b, t) attends to keys lo[b, t] <= j < hi[b, t] <= L.
     Returns float32 [B, T, H * D] (heads concatenated, ready for the output projection).
     """
     batch, heads, fresh, dim = q.shape
-    kv_heads, length = k.shape[1], k.shape[2]
+    kv_heads = k.shape[1]
     if q.stride(3) != 1:
         q = q.contiguous()
-    k, v = k.contiguous(), v.contiguous()
+    if k.stride()[2:] != (dim, 1) or v.stride() != k.stride():
+        k, v = k.contiguous(), v.contiguous()
     lo, hi = lo.contiguous(), hi.contiguous()
     out = torch.empty(batch, fresh, heads * dim)
     library.bs_attention(
         q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), k.data_ptr(), v.data_ptr(),
-        lo.data_ptr(), hi.data_ptr(), out.data_ptr(),
-        batch, heads, kv_heads, fresh, length, dim, scale, torch.get_num_threads(),
+        k.stride(0), k.stride(1), lo.data_ptr(), hi.data_ptr(), out.data_ptr(),
+        batch, heads, kv_heads, fresh, dim, scale, torch.get_num_threads(),
     )
     return out

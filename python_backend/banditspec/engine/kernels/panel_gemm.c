@@ -10,9 +10,12 @@
  *
  * Schedule: GROUP panels at a time (6 separate memory streams: one stream alone does
  * not keep enough cache misses in flight on this class of CPU; six measured ~1.5x
- * faster), in blocks of K_BLOCK values of k. Within a block every row is run over
- * the group (12 accumulators in registers); rows after the first re-read the block
- * from L1 while the next block is prefetched.
+ * faster), in blocks of K_BLOCK values of k. Within a block the first row runs over the
+ * whole group alone (12 accumulators in registers; it streams the block from memory),
+ * then the other rows two at a time, three panels at a time (12 accumulators; every
+ * weight vector loaded once for both rows: ~1.5x the FMA rate of one row, whose loads
+ * were the limit). Those later passes re-read the block from L1 and share out, panel by
+ * panel, the prefetch of the next block, so memory keeps streaming while they compute.
  *
  * Exactness: every output y[m, n] is ONE fused-multiply-add chain over k = 0 .. K-1
  * in increasing order, started from 0 (between blocks the running value is stored
@@ -81,23 +84,19 @@ int64_t bs_panel_stride(int64_t K) {
 #ifndef PF_HINT
 #define PF_HINT _MM_HINT_T0
 #endif
-#ifndef PF_ROW
-#define PF_ROW 1
-#endif
-#define PREFETCH(j) _mm_prefetch((const char *)(p##j + (k + PF_BLOCKS * K_BLOCK) * PANEL), PF_HINT);
 
 /* One row over k in [k0, k1) of a full group of GROUP panels starting at `panel`;
  * acc: this row's running values, GROUP * 16 floats. */
 __attribute__((target("avx2,fma"))) static void group_row(
     const float *x, const float *panel, int64_t stride, int64_t K, int64_t k0, int64_t k1,
-    float *acc, int first, int prefetch) {
+    float *acc, int first, const float *const *pf, int npf) {
     const float *p0 = panel, *p1 = p0 + stride, *p2 = p1 + stride;
     const float *p3 = p2 + stride, *p4 = p3 + stride, *p5 = p4 + stride;
     ACC_INIT(0) ACC_INIT(1) ACC_INIT(2) ACC_INIT(3) ACC_INIT(4) ACC_INIT(5)
-    if (prefetch) {
+    if (npf) {
         for (int64_t k = k0; k < k1; ++k) {
             const __m256 b = _mm256_broadcast_ss(x + k);
-            if (k + PF_BLOCKS * K_BLOCK < K) { PREFETCH(0) PREFETCH(1) PREFETCH(2) PREFETCH(3) PREFETCH(4) PREFETCH(5) }
+            for (int i = 0; i < npf; ++i) _mm_prefetch((const char *)(pf[i] + k * PANEL), PF_HINT);
             ACC_FMA(0) ACC_FMA(1) ACC_FMA(2) ACC_FMA(3) ACC_FMA(4) ACC_FMA(5)
         }
     } else {
@@ -121,6 +120,60 @@ __attribute__((target("avx2,fma"))) static void panel_row(
     ACC_STORE(0)
 }
 
+/* Two rows over k in [k0, k1) of a full group, three panels at a time: 12 accumulators
+ * (2 rows x 3 panels x 2 halves), each weight vector loaded once and used by both rows,
+ * so a k costs 6 weight loads and 2 broadcasts for 12 FMAs (one row alone: 12 loads and a
+ * broadcast for 12 FMAs; the loads, not the FMA units, were the limit). Every output is
+ * still one FMA chain over increasing k: bitwise what group_row computes. */
+#define PAIR_INIT(r, j)                                                                  \
+    __m256 r##lo##j, r##hi##j;                                                           \
+    if (first) {                                                                         \
+        r##lo##j = _mm256_setzero_ps();                                                  \
+        r##hi##j = _mm256_setzero_ps();                                                  \
+    } else {                                                                             \
+        r##lo##j = _mm256_loadu_ps(a##r + (j) * PANEL);                                  \
+        r##hi##j = _mm256_loadu_ps(a##r + (j) * PANEL + 8);                              \
+    }
+#define PAIR_FMA(j)                                                                      \
+    {                                                                                    \
+        __m256 wl = _mm256_loadu_ps(q##j + k * PANEL);                                   \
+        __asm__("" : "+x"(wl)); /* keep it in a register: no second load folded into an FMA */ \
+        r0lo##j = _mm256_fmadd_ps(b0, wl, r0lo##j);                                      \
+        r1lo##j = _mm256_fmadd_ps(b1, wl, r1lo##j);                                      \
+        __m256 wh = _mm256_loadu_ps(q##j + k * PANEL + 8);                               \
+        __asm__("" : "+x"(wh));                                                          \
+        r0hi##j = _mm256_fmadd_ps(b0, wh, r0hi##j);                                      \
+        r1hi##j = _mm256_fmadd_ps(b1, wh, r1hi##j);                                      \
+    }
+#define PAIR_STORE(r, j)                                                                 \
+    _mm256_storeu_ps(a##r + (j) * PANEL, r##lo##j);                                      \
+    _mm256_storeu_ps(a##r + (j) * PANEL + 8, r##hi##j);
+
+__attribute__((target("avx2,fma"))) static void group_rows2(
+    const float *x0, const float *x1, const float *panel, int64_t stride, int64_t K, int64_t k0,
+    int64_t k1, float *acc0, float *acc1, int first, const float *const *pf, int npf) {
+    for (int half = 0; half < 2; ++half) {
+        const float *q0 = panel + (int64_t)(3 * half) * stride, *q1 = q0 + stride, *q2 = q1 + stride;
+        float *ar0 = acc0 + 3 * half * PANEL, *ar1 = acc1 + 3 * half * PANEL;
+        PAIR_INIT(r0, 0) PAIR_INIT(r0, 1) PAIR_INIT(r0, 2)
+        PAIR_INIT(r1, 0) PAIR_INIT(r1, 1) PAIR_INIT(r1, 2)
+        if (npf) {
+            for (int64_t k = k0; k < k1; ++k) {
+                const __m256 b0 = _mm256_broadcast_ss(x0 + k), b1 = _mm256_broadcast_ss(x1 + k);
+                if (half == 0) for (int i = 0; i < npf; ++i) _mm_prefetch((const char *)(pf[i] + k * PANEL), PF_HINT);
+                PAIR_FMA(0) PAIR_FMA(1) PAIR_FMA(2)
+            }
+        } else {
+            for (int64_t k = k0; k < k1; ++k) {
+                const __m256 b0 = _mm256_broadcast_ss(x0 + k), b1 = _mm256_broadcast_ss(x1 + k);
+                PAIR_FMA(0) PAIR_FMA(1) PAIR_FMA(2)
+            }
+        }
+        PAIR_STORE(r0, 0) PAIR_STORE(r0, 1) PAIR_STORE(r0, 2)
+        PAIR_STORE(r1, 0) PAIR_STORE(r1, 1) PAIR_STORE(r1, 2)
+    }
+}
+
 #define ROWS_PER_PASS 32 /* rows whose running values are kept per pass (32 x 384 B on the stack) */
 
 /* Panels [p_begin, p_end) (at most GROUP) for every row. */
@@ -134,10 +187,39 @@ __attribute__((target("avx2,fma"))) static void one_group(
         const int64_t rows = (M - m0) < ROWS_PER_PASS ? (M - m0) : ROWS_PER_PASS;
         for (int64_t k0 = 0; k0 < K; k0 += K_BLOCK) {
             const int64_t k1 = (k0 + K_BLOCK) < K ? (k0 + K_BLOCK) : K;
+            if (count == GROUP && rows > 1) {
+                /* The first row alone (it streams the block from memory: six streams at once),
+                 * then the others in pairs, an odd last row alone. The passes after the first
+                 * share out the prefetch of the block PF_BLOCKS ahead, panel by panel, so that
+                 * memory stays busy while they compute. */
+                const int64_t kp = k0 + PF_BLOCKS * K_BLOCK;
+                const int later = (int)(rows / 2); /* passes after the first */
+                const float *pf[GROUP];
+                int pass = 0;
+                group_row(x + m0 * ldx, panel, stride, K, k0, k1, acc[0], k0 == 0, pf, 0);
+                int64_t r = 1;
+                while (r < rows) {
+                    int npf = 0;
+                    if (kp < K) {
+                        const int j0 = pass * GROUP / later, j1 = (pass + 1) * GROUP / later;
+                        for (int j = j0; j < j1; ++j) pf[npf++] = panel + j * stride + (kp - k0) * PANEL;
+                    }
+                    const float *xr = x + (m0 + r) * ldx;
+                    if (r + 1 < rows) {
+                        group_rows2(xr, xr + ldx, panel, stride, K, k0, k1, acc[r], acc[r + 1], k0 == 0, pf, npf);
+                        r += 2;
+                    } else {
+                        group_row(xr, panel, stride, K, k0, k1, acc[r], k0 == 0, pf, npf);
+                        r += 1;
+                    }
+                    ++pass;
+                }
+                continue;
+            }
             for (int64_t r = 0; r < rows; ++r) {
                 const float *xr = x + (m0 + r) * ldx;
                 if (count == GROUP) {
-                    group_row(xr, panel, stride, K, k0, k1, acc[r], k0 == 0, rows > 1 && r == PF_ROW);
+                    group_row(xr, panel, stride, K, k0, k1, acc[r], k0 == 0, 0, 0);
                 } else {
                     for (int64_t j = 0; j < count; ++j)
                         panel_row(xr, panel + j * stride, k0, k1, acc[r] + j * PANEL, k0 == 0);
@@ -173,120 +255,282 @@ __attribute__((target("avx2,fma"))) void bs_panel_gemm(
  * out[b, t, h, :] = softmax_j(scale * q[b, h, t, :] . k[b, h / G, j, :]) v[b, h / G, j, :]
  * over keys j in [lo[b T + t], hi[b T + t]), G = H / KVH (grouped-query attention).
  *
- * Exactness: every reduction runs in one fixed order that depends only on the key range:
- * each dot product is 8 FMA lanes over d (d = 0..D-1 in steps of 8) summed lane 0..7;
- * the softmax takes the max, then the sum of expf in increasing j; the output is one FMA
- * chain per lane over increasing j, divided by the sum at the end. So a query row's
- * result is bitwise the same however many rows the call carries and wherever its keys
- * sit in the (left-padded) cache: a verify step, one-token decoding and a batched step
- * compute the same values.
+ * Exactness: every reduction runs in one fixed order that depends only on the key range,
+ * never on the rows or heads computed beside it:
+ * - each dot product is 8 FMA lanes over d (d = 0..D-1 in steps of 8), the lanes then
+ *   summed in order 0..7 (for 8 keys at once after a transpose: the same adds per key);
+ * - the softmax takes the max (exact in any order), then bs_exp(s - max) per key (a
+ *   fixed polynomial, lane-independent), summed in 8 partial sums over (j - lo) mod 8,
+ *   the partials then added in order 0..7;
+ * - the output is one FMA chain per element over increasing j, divided by the sum.
+ * So a query row's result is bitwise the same however many rows the call carries and
+ * wherever its keys sit in the (left-padded) cache: a verify step, one-token decoding and
+ * a batched step compute the same values.
  *
- * q: element (b, h, t, d) at q[b qsb + h qsh + t qst + d]; k, v: [B, KVH, L, D]
- * contiguous; out: [B, T, H, D] contiguous; D a multiple of 8.
+ * Schedule: per (sequence, kv head, block of ROW_BLOCK rows), keys in chunks of
+ * KEY_CHUNK (K and V chunks stay in L1 while every row of the block uses them); the G
+ * query heads that share a kv head run together, three at a time (12 accumulators: 3
+ * heads x 4 keys for the scores, 3 heads x 4 output vectors for the weighted sum), so a
+ * key or value vector is loaded once for three heads.
+ *
+ * q: element (b, h, t, d) at q[b qsb + h qsh + t qst + d]; k, v: element (b, g, j, d) at
+ * k[b kvsb + g kvsh + j D + d] (rows of D contiguous floats); out: [B, T, H, D]
+ * contiguous; D a multiple of 8.
  */
 #include <math.h>
 #include <stdlib.h>
 
-__attribute__((target("avx2,fma"))) static inline float hsum_fixed(__m256 acc) {
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    float s = lanes[0];
-    for (int i = 1; i < 8; ++i) s += lanes[i];
-    return s;
+#define ROW_BLOCK 16
+#define KEY_CHUNK 32
+
+/* e^x for x <= 0 (x - max of a softmax), lane by lane: x = n ln2 + r, |r| <= ln2 / 2,
+ * e^r by a degree-6 polynomial (relative error ~2e-7), scaled by 2^n; 0 below -87. */
+__attribute__((target("avx2,fma"))) static inline __m256 bs_exp(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.3981999507e-3f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
 }
 
-/* scores[j] = scale * (q . keys[j]) for j in [j0, j1); four keys at a time (four
- * independent chains; each key's own order is unchanged). */
-__attribute__((target("avx2,fma"))) static void scores_fixed(
-    const float *q, const float *keys, int64_t j0, int64_t j1, int64_t D, float scale, float *scores) {
+/* out[i] = lanes 0..7 of v[i] added in order (v: 8 vectors), for 8 vectors at once. */
+__attribute__((target("avx2,fma"))) static inline __m256 hsum8(const __m256 *v) {
+    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    /* lane l of every vector: l = 0, 1, 2, 3 from the low halves, 4..7 from the high */
+    __m256 sum = _mm256_permute2f128_ps(s0, s4, 0x20);
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(s1, s5, 0x20));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(s2, s6, 0x20));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(s3, s7, 0x20));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(s0, s4, 0x31));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(s1, s5, 0x31));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(s2, s6, 0x31));
+    return _mm256_add_ps(sum, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+
+/* Scores of three queries q[0..2] against keys [j0, j1): sc[i][j] = scale * (q[i] . key j). */
+__attribute__((target("avx2,fma"))) static void scores3(
+    const float *const *q, const float *keys, int64_t j0, int64_t j1, int64_t D, float scale,
+    float *const *sc) {
+    const __m256 vscale = _mm256_set1_ps(scale);
     int64_t j = j0;
     for (; j + 4 <= j1; j += 4) {
-        const float *k0 = keys + j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        const float *kr = keys + j * D;
+        __m256 a[12];
+        for (int i = 0; i < 12; ++i) a[i] = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d += 8) {
-            const __m256 qd = _mm256_loadu_ps(q + d);
-            a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + d), a0);
-            a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k1 + d), a1);
-            a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k2 + d), a2);
-            a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k3 + d), a3);
+            const __m256 q0 = _mm256_loadu_ps(q[0] + d), q1 = _mm256_loadu_ps(q[1] + d), q2 = _mm256_loadu_ps(q[2] + d);
+            for (int kk = 0; kk < 4; ++kk) {
+                __m256 kv = _mm256_loadu_ps(kr + kk * D + d);
+                __asm__("" : "+x"(kv));
+                a[kk] = _mm256_fmadd_ps(q0, kv, a[kk]);
+                a[4 + kk] = _mm256_fmadd_ps(q1, kv, a[4 + kk]);
+                a[8 + kk] = _mm256_fmadd_ps(q2, kv, a[8 + kk]);
+            }
         }
-        scores[j] = hsum_fixed(a0) * scale;
-        scores[j + 1] = hsum_fixed(a1) * scale;
-        scores[j + 2] = hsum_fixed(a2) * scale;
-        scores[j + 3] = hsum_fixed(a3) * scale;
+        float lanes[8];
+        _mm256_storeu_ps(lanes, _mm256_mul_ps(hsum8(a), vscale)); /* q0 and q1, keys j..j+3 */
+        for (int kk = 0; kk < 4; ++kk) { sc[0][j + kk] = lanes[kk]; sc[1][j + kk] = lanes[4 + kk]; }
+        const __m256 rest[8] = {a[8], a[9], a[10], a[11], a[8], a[9], a[10], a[11]};
+        _mm256_storeu_ps(lanes, _mm256_mul_ps(hsum8(rest), vscale));
+        for (int kk = 0; kk < 4; ++kk) sc[2][j + kk] = lanes[kk];
     }
-    for (; j < j1; ++j) {
-        __m256 a0 = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + j * D + d), a0);
-        scores[j] = hsum_fixed(a0) * scale;
+    for (; j < j1; ++j) { /* the same sums, one key at a time */
+        const float *kr = keys + j * D;
+        __m256 a[8];
+        for (int i = 0; i < 3; ++i) a[i] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 kv = _mm256_loadu_ps(kr + d);
+            for (int i = 0; i < 3; ++i) a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i] + d), kv, a[i]);
+        }
+        for (int i = 3; i < 8; ++i) a[i] = a[0];
+        float lanes[8];
+        _mm256_storeu_ps(lanes, _mm256_mul_ps(hsum8(a), vscale));
+        for (int i = 0; i < 3; ++i) sc[i][j] = lanes[i];
     }
 }
 
-/* o[:] = sum_j weights[j] values[j, :] / sum, one chain per lane in increasing j
- * (D = 64: all eight lanes' chains in flight together). */
-__attribute__((target("avx2,fma"))) static void weighted_sum_fixed(
-    const float *weights, const float *values, int64_t j0, int64_t j1, int64_t D, float sum, float *o) {
-    const __m256 inv = _mm256_set1_ps(sum);
-    if (D == 64) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int64_t j = j0; j < j1; ++j) {
-            const __m256 w = _mm256_set1_ps(weights[j]);
-            const float *vr = values + j * 64;
-            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr), a0);
-            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8), a1);
-            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 16), a2);
-            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 24), a3);
-            a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 32), a4);
-            a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 40), a5);
-            a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 48), a6);
-            a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 56), a7);
-        }
-        _mm256_storeu_ps(o, _mm256_div_ps(a0, inv));
-        _mm256_storeu_ps(o + 8, _mm256_div_ps(a1, inv));
-        _mm256_storeu_ps(o + 16, _mm256_div_ps(a2, inv));
-        _mm256_storeu_ps(o + 24, _mm256_div_ps(a3, inv));
-        _mm256_storeu_ps(o + 32, _mm256_div_ps(a4, inv));
-        _mm256_storeu_ps(o + 40, _mm256_div_ps(a5, inv));
-        _mm256_storeu_ps(o + 48, _mm256_div_ps(a6, inv));
-        _mm256_storeu_ps(o + 56, _mm256_div_ps(a7, inv));
-        return;
+/* Softmax weights in place over [j0, j1): w[j] = bs_exp(w[j] - max); returns their sum. */
+__attribute__((target("avx2,fma"))) static float softmax_weights(float *w, int64_t j0, int64_t j1) {
+    float m = -INFINITY;
+    for (int64_t j = j0; j < j1; ++j)
+        if (w[j] > m) m = w[j];
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 partial = _mm256_setzero_ps(); /* lane l: keys with (j - j0) mod 8 == l */
+    int64_t j = j0;
+    for (; j + 8 <= j1; j += 8) {
+        const __m256 e = bs_exp(_mm256_sub_ps(_mm256_loadu_ps(w + j), vm));
+        _mm256_storeu_ps(w + j, e);
+        partial = _mm256_add_ps(partial, e);
     }
-    for (int64_t d = 0; d < D; d += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t j = j0; j < j1; ++j)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(weights[j]), _mm256_loadu_ps(values + j * D + d), acc);
-        _mm256_storeu_ps(o + d, _mm256_div_ps(acc, inv));
+    if (j < j1) { /* the tail through the same function; missing lanes add 0 */
+        float tail[8] = {0};
+        const int64_t n = j1 - j;
+        for (int64_t i = 0; i < n; ++i) tail[i] = w[j + i];
+        __m256 e = bs_exp(_mm256_sub_ps(_mm256_loadu_ps(tail), vm));
+        _mm256_storeu_ps(tail, e);
+        for (int64_t i = 0; i < n; ++i) w[j + i] = tail[i];
+        for (int64_t i = n; i < 8; ++i) tail[i] = 0.0f;
+        partial = _mm256_add_ps(partial, _mm256_loadu_ps(tail));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, partial);
+    float sum = lanes[0];
+    for (int i = 1; i < 8; ++i) sum += lanes[i];
+    return sum;
+}
+
+/* acc[i][d0 .. d0 + 32) += sum_j w[i][j] values[j, d0 .. d0 + 32) over [j0, j1) for three
+ * queries: one FMA chain per element in increasing j (named accumulators: an array here
+ * made the compiler store all twelve on every key). */
+#define W_INIT(i, v) __m256 a##i##v = _mm256_loadu_ps(acc[i] + d0 + 8 * (v));
+#define W_FMA(v)                                                                         \
+    {                                                                                    \
+        __m256 vv = _mm256_loadu_ps(vr + 8 * (v));                                       \
+        __asm__("" : "+x"(vv));                                                          \
+        a0##v = _mm256_fmadd_ps(w0, vv, a0##v);                                          \
+        a1##v = _mm256_fmadd_ps(w1, vv, a1##v);                                          \
+        a2##v = _mm256_fmadd_ps(w2, vv, a2##v);                                          \
+    }
+#define W_STORE(i, v) _mm256_storeu_ps(acc[i] + d0 + 8 * (v), a##i##v);
+__attribute__((target("avx2,fma"))) static void weighted3_32(
+    const float *const *w, const float *values, int64_t j0, int64_t j1, int64_t D, int64_t d0,
+    float *const *acc) {
+    W_INIT(0, 0) W_INIT(0, 1) W_INIT(0, 2) W_INIT(0, 3)
+    W_INIT(1, 0) W_INIT(1, 1) W_INIT(1, 2) W_INIT(1, 3)
+    W_INIT(2, 0) W_INIT(2, 1) W_INIT(2, 2) W_INIT(2, 3)
+    const float *w0p = w[0], *w1p = w[1], *w2p = w[2];
+    for (int64_t j = j0; j < j1; ++j) {
+        const float *vr = values + j * D + d0;
+        const __m256 w0 = _mm256_broadcast_ss(w0p + j), w1 = _mm256_broadcast_ss(w1p + j), w2 = _mm256_broadcast_ss(w2p + j);
+        W_FMA(0) W_FMA(1) W_FMA(2) W_FMA(3)
+    }
+    W_STORE(0, 0) W_STORE(0, 1) W_STORE(0, 2) W_STORE(0, 3)
+    W_STORE(1, 0) W_STORE(1, 1) W_STORE(1, 2) W_STORE(1, 3)
+    W_STORE(2, 0) W_STORE(2, 1) W_STORE(2, 2) W_STORE(2, 3)
+}
+
+/* The same over all of D (a multiple of 8): 32 columns at a time, then 8 at a time. */
+__attribute__((target("avx2,fma"))) static void weighted3(
+    const float *const *w, const float *values, int64_t j0, int64_t j1, int64_t D, float *const *acc) {
+    int64_t d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32) weighted3_32(w, values, j0, j1, D, d0, acc);
+    for (; d0 < D; d0 += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc[0] + d0), a1 = _mm256_loadu_ps(acc[1] + d0), a2 = _mm256_loadu_ps(acc[2] + d0);
+        for (int64_t j = j0; j < j1; ++j) {
+            const __m256 vv = _mm256_loadu_ps(values + j * D + d0);
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w[0] + j), vv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w[1] + j), vv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w[2] + j), vv, a2);
+        }
+        _mm256_storeu_ps(acc[0] + d0, a0);
+        _mm256_storeu_ps(acc[1] + d0, a1);
+        _mm256_storeu_ps(acc[2] + d0, a2);
     }
 }
 
 __attribute__((target("avx2,fma"))) void bs_attention(
     const float *q, int64_t qsb, int64_t qsh, int64_t qst, const float *k, const float *v,
-    const int64_t *lo, const int64_t *hi, float *out, int64_t B, int64_t H, int64_t KVH,
-    int64_t T, int64_t L, int64_t D, float scale, int threads) {
+    int64_t kvsb, int64_t kvsh, const int64_t *lo, const int64_t *hi, float *out, int64_t B,
+    int64_t H, int64_t KVH, int64_t T, int64_t D, float scale, int threads) {
     const int64_t G = H / KVH;
-    const int64_t jobs = B * H * T;
+    const int64_t G3 = (G + 2) / 3 * 3; /* heads padded to whole triples (extras redo the last) */
+    const int64_t row_blocks = (T + ROW_BLOCK - 1) / ROW_BLOCK;
+    const int64_t jobs = B * KVH * row_blocks;
+    int64_t L = 1; /* the longest key range */
+    for (int64_t i = 0; i < B * T; ++i)
+        if (hi[i] > L) L = hi[i];
 #pragma omp parallel num_threads(threads) if (threads > 1 && T >= PARALLEL_MIN_ROWS)
     {
-        float *scores = (float *)malloc((size_t)(L > 0 ? L : 1) * sizeof(float));
+        /* per row of a block and head (triple-padded): scores/weights over keys [0, L), and
+         * the output's running values (D floats) */
+        float *w = (float *)malloc((size_t)(ROW_BLOCK * G3 * L) * sizeof(float));
+        float *acc = (float *)malloc((size_t)(ROW_BLOCK * G3 * D) * sizeof(float));
+        float *sums = (float *)malloc((size_t)(ROW_BLOCK * G3) * sizeof(float));
 #pragma omp for schedule(dynamic)
         for (int64_t job = 0; job < jobs; ++job) {
-            const int64_t b = job / (H * T), h = (job / T) % H, t = job % T;
-            const int64_t j0 = lo[b * T + t], j1 = hi[b * T + t];
-            const float *qr = q + b * qsb + h * qsh + t * qst;
-            const float *kb = k + (b * KVH + h / G) * L * D;
-            const float *vb = v + (b * KVH + h / G) * L * D;
-            float *o = out + ((b * T + t) * H + h) * D;
-            scores_fixed(qr, kb, j0, j1, D, scale, scores);
-            float m = -INFINITY;
-            for (int64_t j = j0; j < j1; ++j)
-                if (scores[j] > m) m = scores[j];
-            float sum = 0.0f;
-            for (int64_t j = j0; j < j1; ++j) {
-                scores[j] = expf(scores[j] - m);
-                sum += scores[j];
+            const int64_t b = job / (KVH * row_blocks), g = (job / row_blocks) % KVH;
+            const int64_t t0 = (job % row_blocks) * ROW_BLOCK;
+            const int64_t rows = (T - t0) < ROW_BLOCK ? (T - t0) : ROW_BLOCK;
+            const float *kb = k + b * kvsb + g * kvsh, *vb = v + b * kvsb + g * kvsh;
+            int64_t jlo = INT64_MAX, jhi = 0;
+            for (int64_t r = 0; r < rows; ++r) {
+                if (lo[b * T + t0 + r] < jlo) jlo = lo[b * T + t0 + r];
+                if (hi[b * T + t0 + r] > jhi) jhi = hi[b * T + t0 + r];
             }
-            weighted_sum_fixed(scores, vb, j0, j1, D, sum, o);
+            /* scores, keys chunk by chunk, every row and head triple of the block per chunk */
+            for (int64_t c0 = jlo; c0 < jhi; c0 += KEY_CHUNK) {
+                for (int64_t r = 0; r < rows; ++r) {
+                    const int64_t t = t0 + r;
+                    const int64_t a = lo[b * T + t] > c0 ? lo[b * T + t] : c0;
+                    const int64_t z = hi[b * T + t] < c0 + KEY_CHUNK ? hi[b * T + t] : c0 + KEY_CHUNK;
+                    if (a >= z) continue;
+                    for (int64_t h3 = 0; h3 < G3; h3 += 3) {
+                        const float *qs[3];
+                        float *sc[3];
+                        for (int i = 0; i < 3; ++i) {
+                            const int64_t hh = (h3 + i) < G ? (h3 + i) : (G - 1);
+                            qs[i] = q + b * qsb + (g * G + hh) * qsh + t * qst;
+                            sc[i] = w + (r * G3 + h3 + i) * L;
+                        }
+                        scores3(qs, kb, a, z, D, scale, sc);
+                    }
+                }
+            }
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t t = t0 + r;
+                for (int64_t h = 0; h < G3; ++h) {
+                    sums[r * G3 + h] = softmax_weights(w + (r * G3 + h) * L, lo[b * T + t], hi[b * T + t]);
+                    memset(acc + (r * G3 + h) * D, 0, (size_t)D * sizeof(float));
+                }
+            }
+            /* weighted sums, chunk by chunk (each element's chain runs on in increasing j) */
+            for (int64_t c0 = jlo; c0 < jhi; c0 += KEY_CHUNK) {
+                for (int64_t r = 0; r < rows; ++r) {
+                    const int64_t t = t0 + r;
+                    const int64_t a = lo[b * T + t] > c0 ? lo[b * T + t] : c0;
+                    const int64_t z = hi[b * T + t] < c0 + KEY_CHUNK ? hi[b * T + t] : c0 + KEY_CHUNK;
+                    if (a >= z) continue;
+                    for (int64_t h3 = 0; h3 < G3; h3 += 3) {
+                        const float *ws[3];
+                        float *as[3];
+                        for (int i = 0; i < 3; ++i) {
+                            ws[i] = w + (r * G3 + h3 + i) * L;
+                            as[i] = acc + (r * G3 + h3 + i) * D;
+                        }
+                        weighted3(ws, vb, a, z, D, as);
+                    }
+                }
+            }
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t t = t0 + r;
+                for (int64_t h = 0; h < G; ++h) {
+                    const float *a = acc + (r * G3 + h) * D;
+                    float *o = out + ((b * T + t) * H + g * G + h) * D;
+                    const __m256 sum = _mm256_set1_ps(sums[r * G3 + h]);
+                    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(a + d), sum));
+                }
+            }
         }
-        free(scores);
+        free(w);
+        free(acc);
+        free(sums);
     }
 }
