@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from banditspec.engine.kv_buffer import KVBuffer
 from banditspec.engine.panel_kernel import attention
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
@@ -245,9 +246,13 @@ class FastLlama:
         past: list[LayerKV] | None,
         key_mask: torch.Tensor | None = None,
         capture: tuple[int, ...] = (),
+        kv_out: KVBuffer | None = None,
     ) -> tuple[torch.Tensor, list[LayerKV], list[torch.Tensor]]:
         """:meth:`forward`, plus the outputs of decoder layers ``capture`` (residual stream,
-        before the final norm; float32 [B, T, H] each, in the order asked): EAGLE-3's features."""
+        before the final norm; float32 [B, T, H] each, in the order asked): EAGLE-3's features.
+
+        kv_out (batch 1): a buffer already holding ``past`` at positions 0 .. C - 1; the new
+        positions are written into it (no concatenation) and the returned KV are its views."""
         batch, fresh = input_ids.shape
         captured: dict[int, torch.Tensor] = {}
         cached = past[0][0].shape[2] if past else 0
@@ -274,7 +279,9 @@ class FastLlama:
             v = qkv[..., k_end:].view(batch, fresh, kv_heads, hd).transpose(1, 2)
             q = self._rotate(q, cos, sin)
             k = self._rotate(k, cos, sin)
-            if past:
+            if kv_out is not None:
+                k, v = kv_out.append(index, cached, k, v)
+            elif past:
                 k = torch.cat((past[index][0], k), dim=2)
                 v = torch.cat((past[index][1], v), dim=2)
             else:

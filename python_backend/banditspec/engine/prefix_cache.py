@@ -16,10 +16,11 @@ Rules that keep the cache trustworthy:
 
 * an entry holds KV for exactly its ``token_ids``; nothing beyond what a verify call
   confirmed (input + accepted draft tokens) is ever stored;
-* a lookup hands out a fresh :class:`~transformers.DynamicCache` built from views of
-  the entry's tensors cut to the common prefix; the stored entry is never modified
-  (``DynamicCache.update`` concatenates into new tensors, ``crop`` re-slices), so a
-  rejected draft or a diverging sequence cannot corrupt it;
+* a lookup hands out views of the entry's tensors cut to the common prefix; the stored
+  positions are never modified: a step either concatenates into new tensors or writes
+  past them into the entry's :class:`~banditspec.engine.kv_buffer.KVBuffer`, whose
+  positions below its frozen length (every stored entry's) are never written again, so a
+  rejected draft or a diverging sequence cannot corrupt an entry;
 * an entry's features cover exactly its positions 0..n-1 (never a part of them), so a
   kind is either wholly usable or absent; they are cut like the KV on a lookup;
 * storing a sequence drops the entries it extends (they are its prefixes), unless one
@@ -37,12 +38,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import count
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
 from banditspec.errors import BanditSpecValidationError
+
+if TYPE_CHECKING:
+    from banditspec.engine.kv_buffer import KVBuffer
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 FeatureKind = tuple[int, ...]  # a request's hidden_layers: () = the last post-norm state
@@ -69,11 +74,13 @@ def cache_from_layers(layers: list[LayerKV]) -> DynamicCache:
 @dataclass
 class CacheEntry:
     """token_ids: int32 [n]; layers: per layer (keys, values), float32 [1, kv_heads, n, head_dim];
-    features: per kind, float32 [n, F] (positions 0..n-1)."""
+    features: per kind, float32 [n, F] (positions 0..n-1); buffer: the growable storage the
+    layers are views of (None: tensors of their own)."""
 
     token_ids: np.ndarray
     layers: list[LayerKV]
     features: Features = field(default_factory=dict)
+    buffer: KVBuffer | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -82,11 +89,14 @@ class CacheEntry:
 @dataclass(frozen=True)
 class PrefixHit:
     """The reusable prefix of a sequence: its length, its KV (per layer, batch 1) and the
-    features its entry holds, per kind float32 [length, F] (views, like the KV)."""
+    features its entry holds, per kind float32 [length, F] (views, like the KV); buffer: the
+    entry's growable KV storage, if any (a step may append in place when ``length`` is its
+    frozen length)."""
 
     length: int
     layers: list[LayerKV] | None
     features: Features = field(default_factory=dict)
+    buffer: KVBuffer | None = None
 
     def as_cache(self) -> DynamicCache | None:
         return None if self.layers is None else cache_from_layers(self.layers)
@@ -140,12 +150,14 @@ class PrefixCache:
         self.hits += 1
         entry, length = self._entries[best_key], best_rank[0]
         layers = [(k[:, :, :length], v[:, :, :length]) for k, v in entry.layers]
-        return PrefixHit(length, layers, {name: f[:length] for name, f in entry.features.items()})
+        return PrefixHit(length, layers, {name: f[:length] for name, f in entry.features.items()}, entry.buffer)
 
-    def store(self, token_ids: np.ndarray, layers: list[LayerKV], features: Features | None = None) -> None:
+    def store(self, token_ids: np.ndarray, layers: list[LayerKV], features: Features | None = None,
+              buffer: KVBuffer | None = None) -> None:
         """Keep the KV of token_ids (int32 [n]); layers: float32 [1, kv_heads, n, head_dim];
         features: per kind float32 [n, F], the states of all n positions (a kind not
-        known from position 0 must be left out).
+        known from position 0 must be left out); buffer: the KVBuffer the layers are views
+        of (its frozen length must cover n).
 
         The tensors are kept as given (not copied): the caller must not modify them
         afterwards. Entries that are prefixes of token_ids and hold no feature kind this
@@ -170,7 +182,9 @@ class PrefixCache:
         ]
         for key in superseded:
             del self._entries[key]
-        self._entries[next(self._keys)] = CacheEntry(np.array(token_ids, dtype=np.int32), layers, features)
+        if buffer is not None and buffer.frozen < n:
+            raise ValueError(f"KV buffer frozen at {buffer.frozen} < {n} stored positions")
+        self._entries[next(self._keys)] = CacheEntry(np.array(token_ids, dtype=np.int32), layers, features, buffer)
         self._evict()
 
     def _evict(self) -> None:

@@ -48,6 +48,7 @@ from transformers import DynamicCache
 from banditspec.engine.allocator import keep_freed_memory
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.fast_llama import FastLlama, Linear, PackedLinear, make_linear
+from banditspec.engine.kv_buffer import KVBuffer
 from banditspec.engine.prefix_cache import FeatureKind, Features, LayerKV, PrefixCache, PrefixHit, cache_layers
 from banditspec.engine.sampling import (
     count_greedy_accepted,
@@ -191,11 +192,14 @@ class _RowOutput:
               asked layers' outputs concatenated; see _features).
     logits:   float32 [gamma + 1, vocab] at positions seq_len - 1 .. seq_len - 1 + gamma.
     layers:   per layer (keys, values) float32 [1, kv_heads, start + n_new, head_dim].
+    buffer:   the growable storage ``layers`` are views of (a single job on the fast
+              kernels), or None.
     """
 
     features: Features
     logits: torch.Tensor
     layers: list[LayerKV]
+    buffer: KVBuffer | None = None
 
 
 class ReferenceEngine:
@@ -352,11 +356,15 @@ class ReferenceEngine:
         capture = tuple(sorted({a for job in jobs if job.request.hidden_from >= 0
                                 for a in job.request.hidden_layers}))
         captured: list[torch.Tensor] = []
+        buffer = None
         if self._fast is not None:
             past = self._batched_layers(jobs, max_cached)
             key_mask = attention_mask.bool() if ragged else None
+            if batch == 1:  # write the new positions in place (engine/kv_buffer.py)
+                buffer = KVBuffer.for_step(jobs[0].prefix.buffer, past, cached[0], fresh[0], self._num_layers,
+                                           self._kv_heads, self._head_dim, self._dtype)
             hidden, new_layers, captured = self._fast.forward_capture(
-                input_ids, position_ids, past, key_mask, capture)
+                input_ids, position_ids, past, key_mask, capture, buffer)
         else:
             output = self.model.model(
                 input_ids=input_ids,
@@ -382,7 +390,7 @@ class ReferenceEngine:
                   for b in range(batch)]
         features = [self._features(job, hidden[b, : fresh[b]], capture, [c[b, : fresh[b]] for c in captured])
                     for b, job in enumerate(jobs)]
-        return [_RowOutput(features[b], logits[b], layers[b]) for b in range(batch)]
+        return [_RowOutput(features[b], logits[b], layers[b], buffer) for b in range(batch)]
 
     @staticmethod
     def _features(job: _Job, last: torch.Tensor, capture: tuple[int, ...],
@@ -461,7 +469,9 @@ class ReferenceEngine:
         kept = input_length + num_accepted
         layers = [(k[:, :, :kept], v[:, :, :kept]) for k, v in row.layers]
         features = self._kept_features(job, row, kept)
-        self.cache.store(np.concatenate([request.input_ids, draft_ids[:num_accepted]]), layers, features)
+        if row.buffer is not None:
+            row.buffer.freeze(kept)  # the stored positions: never written again
+        self.cache.store(np.concatenate([request.input_ids, draft_ids[:num_accepted]]), layers, features, row.buffer)
 
         hidden_states = None
         if request.hidden_from >= 0:
