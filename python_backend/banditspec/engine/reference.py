@@ -448,7 +448,8 @@ class ReferenceEngine:
         """Accept/reject the draft, store the confirmed KV, cut hidden states."""
         request, draft_ids, input_length = job.request, job.request.draft_ids, len(job.request.input_ids)
         if request.temperature == 0:
-            target_tokens = row.logits.argmax(dim=-1).numpy()
+            # numpy's argmax (first index of the maximum, like torch's): ~10x faster on [rows, vocab]
+            target_tokens = row.logits.numpy().argmax(axis=-1)
             num_accepted = count_greedy_accepted(target_tokens, draft_ids)
             next_token = int(target_tokens[num_accepted])
         else:
