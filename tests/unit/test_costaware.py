@@ -355,6 +355,15 @@ def test_a_costly_drafters_per_token_cost_shortens_its_draft_before_it_cancels_i
     assert any(0 < g < 4 for g in gammas)
 
 
+def test_a_gamma_cap_of_zero_means_plain_decoding_whatever_the_candidates():
+    shared = SharedAcceptance(4, decay=1.0)
+    for _ in range(100):
+        shared.record("d", 0, 4, 4, 4)  # a drafter always right: any room would be used
+    policy = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), shared)
+    assert policy.choose([Candidate("d", 4), Candidate("d", 4, costly=True)], 0).drafter is None
+    assert policy.choose([Candidate("d", 4)], 1).gamma == 1
+
+
 def test_the_first_position_bonus_shrinks_with_the_servers_and_the_requests_evidence():
     """Optimism on a costly drafter's first position: 0.5 * sqrt(ln(rounds + 2) / (seen + 1)), where
     seen counts the first positions offered in this request plus those the server has seen (its
