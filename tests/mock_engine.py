@@ -44,6 +44,8 @@ class MockEngine:
             seq = [int(t) for t in req.input_ids]
             draft = [int(t) for t in req.draft_ids]
             assert len(seq) + len(draft) + 1 <= self.max_context, "context overflow"
+            # -1 = no hidden states, else a position of the input (the reference engine refuses others)
+            assert req.hidden_from == -1 or 0 <= req.hidden_from < len(seq), "hidden_from outside the contract"
             self.verified_draft_tokens += len(draft)
             out, accepted = [], 0
             for token in draft:

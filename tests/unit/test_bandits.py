@@ -73,6 +73,17 @@ def test_ucb_selects_argmax_of_mean_plus_radius():
     assert policy.select([0, 1]) == 1
 
 
+def test_ucb_an_arm_pulled_once_competes_on_its_index_not_as_untried():
+    # K=2, L=4, delta=0.5, t=1. Arm 0: one reward 1 -> 1 + 2*sqrt(2 (1 + 2 ln(2 sqrt2 / 0.5))) = 6.977;
+    # arm 1: two rewards 5 -> 5 + 2*sqrt(3/4 (1 + 2 ln(2 sqrt3 / 0.5))) = 8.823. Warm-up is over
+    # (both tried): arm 1 wins; re-pulling the once-tried arm first would be a second warm-up.
+    policy = UCBSpec(n_arms=2, reward_range=4.0)
+    policy.update(0, 1.0)
+    policy.update(1, 5.0)
+    policy.update(1, 5.0)
+    assert policy.select([0, 1]) == 1
+
+
 def test_ucb_ties_go_to_lowest_index_and_availability_is_respected():
     policy = UCBSpec(n_arms=3, reward_range=4.0)
     for arm in range(3):

@@ -339,6 +339,53 @@ def test_costaware_edges_pinned():
     assert costly_call.choose([Candidate("d", 4, costly=True, draft_seconds_per_call=1.0)], 4).drafter is None
 
 
+def test_a_costly_drafters_per_token_cost_shortens_its_draft_before_it_cancels_it():
+    """The drafting cost of a costly drafter grows with the tokens it drafts: as that cost per
+    token rises, the chosen gamma can only shrink, and there is a range in which it is still
+    worth drafting, just fewer tokens (a cost subtracted instead of added would lengthen drafts)."""
+    shared = SharedAcceptance(4, decay=1.0)
+    for _ in range(100):  # every position accepted: without a drafting cost the full draft pays
+        shared.record("d", 0, 4, 4, 4)
+    gammas = []
+    for per_token in (0.0, 0.01, 0.02, 0.03, 0.05):
+        policy = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), shared)
+        gammas.append(policy.choose([Candidate("d", 4, costly=True, draft_seconds_per_token=per_token)], 4).gamma)
+    assert gammas[0] == 4 and gammas[-1] == 0  # 0.05 s a token: dearer than a whole plain round
+    assert gammas == sorted(gammas, reverse=True)
+    assert any(0 < g < 4 for g in gammas)
+
+
+def test_a_gamma_cap_of_zero_means_plain_decoding_whatever_the_candidates():
+    shared = SharedAcceptance(4, decay=1.0)
+    for _ in range(100):
+        shared.record("d", 0, 4, 4, 4)  # a drafter always right: any room would be used
+    policy = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), shared)
+    assert policy.choose([Candidate("d", 4), Candidate("d", 4, costly=True)], 0).drafter is None
+    assert policy.choose([Candidate("d", 4)], 1).gamma == 1
+
+
+def test_the_first_position_bonus_shrinks_with_the_servers_and_the_requests_evidence():
+    """Optimism on a costly drafter's first position: 0.5 * sqrt(ln(rounds + 2) / (seen + 1)), where
+    seen counts the first positions offered in this request plus those the server has seen (its
+    uncapped counts), so that a drafter the server knows well is not re-explored per request."""
+    shared = SharedAcceptance(4, decay=1.0)
+    for _ in range(100):  # the server offered the first token 100 times, never accepted it
+        shared.record("d", 0, 4, 0, 4)
+    policy = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), shared)
+    # the warm prior: the 100 rejections capped to 5 pseudo-observations; Beta(0.5, 1.5) prior
+    prior_hazard = 0.5 / (5 + 0.5 + 1.5)
+    assert policy.survival("d", 0, optimistic=True)[0] == pytest.approx(prior_hazard + 0.5 * np.sqrt(np.log(2) / 101))
+    for _ in range(3):  # and this request offered it 3 times more, rejected
+        policy.record("d", 0, 4, 0, 4)
+    local_hazard = 0.5 / (5 + 3 + 0.5 + 1.5)
+    assert policy.survival("d", 0, optimistic=True)[0] == pytest.approx(local_hazard + 0.5 * np.sqrt(np.log(2) / 104))
+    # a request of a server that never saw the drafter: its own 3 offers only
+    alone = CostAwarePolicy(["d"], 4, CostModel.fixed(FLAT[:5]), None)
+    for _ in range(3):
+        alone.record("d", 0, 4, 0, 4)
+    assert alone.survival("d", 0, optimistic=True)[0] == pytest.approx(0.5 / 5 + 0.5 * np.sqrt(np.log(2) / 4))
+
+
 def test_speculation_stats_report_each_steps_time_and_its_target_share():
     """step_ms / verify_ms per step: the verify part is the target call as the virtual clock
     advanced it (50 ms x the curve at the tokens fed); the step adds nothing else here."""

@@ -264,3 +264,151 @@ def test_a_server_wide_budget_caps_gamma_and_sees_every_step():
     budget.cap = 0
     result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 20, policy="fixed:right")))
     assert result.token_ids == engine.vanilla(PROMPT, 20) and max(result.stats.drafted) == 0
+
+
+# ---------------------------------------------------------------- pins from the mutation run
+
+
+class RecordingEngine(MockEngine):
+    """A MockEngine that keeps every VerifyRequest it was sent."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.requests = []
+
+    def verify(self, requests):
+        self.requests.extend(requests)
+        return super().verify(requests)
+
+
+@pytest.mark.parametrize("max_tokens", range(1, 21))
+@pytest.mark.parametrize("max_context", [30, 37, 512])
+def test_an_always_right_draft_is_as_long_as_the_arm_and_the_requests_end_allow(max_tokens, max_context):
+    """Each step's draft: L = 8 tokens, cut to what the request still may generate (the step
+    also emits the target's own token) and to what fits in the context."""
+    engine = RecordingEngine(max_context=max_context)
+    decoder, _ = make_decoder(engine, right=oracle(engine))
+    prompt = list(range(1, 21))  # 20 tokens
+    result = run_to_completion(engine, decoder.start(GenerationRequest(prompt, max_tokens=min(max_tokens, max_context - 20),
+                                                                       policy="fixed:right", max_draft_len=8)))
+    limit = min(max_tokens, max_context - 20)
+    assert result.token_ids == engine.vanilla(prompt, limit)
+    for request in engine.requests:
+        generated = len(request.input_ids) - len(prompt)
+        allowed = min(8, limit - generated - 1, max_context - len(request.input_ids) - 1)
+        assert len(request.draft_ids) == max(0, allowed)
+
+
+def test_an_accepted_eos_may_end_the_output_without_a_token_of_the_targets_own():
+    """The target (like TensorRT-LLM) stops at an accepted EOS: the draft t1 t2 EOS comes back as
+    exactly those 3 tokens, 3 accepted, no bonus token; the request ends at EOS."""
+    engine = MockEngine(eos_after=len(PROMPT) + 2)
+    decoder, _ = make_decoder(engine, right=oracle(engine))
+    result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 40, policy="fixed:right")))
+    assert result.token_ids == engine.vanilla(PROMPT, 40) and len(result.token_ids) == 2
+    assert result.finish_reason == "eos" and result.stats.accepted == [3]
+
+
+class NoBonusEngine(MockEngine):
+    """A broken target: returns the accepted draft tokens without its own next token."""
+
+    def verify(self, requests):
+        results = super().verify(requests)
+        return [type(r)(r.output_ids[: r.num_accepted] if r.num_accepted else r.output_ids, r.num_accepted)
+                for r in results]
+
+
+def test_an_engine_that_returns_no_token_of_its_own_is_refused():
+    engine = NoBonusEngine()
+    decoder, _ = make_decoder(engine, right=oracle(engine))
+    session = decoder.start(GenerationRequest(PROMPT, 20, policy="fixed:right"))
+    with pytest.raises(RuntimeError, match="engine returned 4 tokens with 4 accepted of 4"):
+        run_to_completion(engine, session)
+
+
+class HiddenStateEngine(RecordingEngine):
+    """Returns hidden states as the contract says: one row per position hidden_from ..
+    len(input_ids) - 1 + num_accepted (here the row is the position itself)."""
+
+    provides_hidden_states = True
+
+    def verify(self, requests):
+        results = super().verify(requests)
+        out = []
+        for request, result in zip(requests, results):
+            rows = None
+            if request.hidden_from >= 0:
+                last = len(request.input_ids) - 1 + result.num_accepted
+                rows = np.arange(request.hidden_from, last + 1, dtype=np.float32).reshape(-1, 1)
+            out.append(type(result)(result.output_ids, result.num_accepted, hidden_states=rows))
+        return out
+
+
+class FeatureSession(ScriptedSession):
+    def __init__(self, prompt, propose_fn, seen):
+        super().__init__(prompt, propose_fn)
+        self.seen = seen
+
+    def observe(self, new_tokens, hidden_states=None):
+        super().observe(new_tokens, hidden_states)
+        self.seen.extend(int(p) for p in hidden_states.reshape(-1))
+
+
+class FeatureDrafter(ScriptedDrafter):
+    """An Eagle-like drafter: needs the target's hidden states at every position, once each."""
+
+    needs_hidden_states = True
+
+    def __init__(self, name, propose_fn):
+        super().__init__(name, propose_fn)
+        self.seen: list[int] = []
+
+    def start(self, prompt_ids):
+        session = FeatureSession(prompt_ids, self.propose_fn, self.seen)
+        self.sessions.append(session)
+        return session
+
+
+@pytest.mark.parametrize("length_cap", [0, 1, 3])
+def test_a_feature_drafter_gets_each_positions_hidden_state_once(length_cap):
+    """hidden_from asks for the states the drafter lacks: the prompt's at the first step, then
+    from the last token appended (the target's own token, never fed to it before)."""
+    engine = HiddenStateEngine()
+    drafter = FeatureDrafter("eagle", oracle(engine, length_cap=length_cap))
+    decoder = SpeculativeDecoder.for_engine(engine, {"eagle": drafter})
+    result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 17, policy="fixed:eagle")))
+    assert result.token_ids == engine.vanilla(PROMPT, 17)
+    assert engine.requests[0].hidden_from == 0
+    assert all(r.hidden_from == len(r.input_ids) - 1 for r in engine.requests[1:])
+    # every position whose state was computed, in order, each once (the last token's is never needed)
+    assert drafter.seen == list(range(len(PROMPT) + 17 - 1))
+
+
+def test_the_cost_model_learns_the_tokens_each_round_fed():
+    """Every round but the first (it also prefilled the prompt) is one observation of the
+    verify cost at k = 1 + gamma, the tokens the target was fed."""
+    from collections import Counter
+
+    from banditspec.bandits.cost_model import CostModel
+
+    engine = RecordingEngine()
+    decoder, _ = make_decoder(engine, right=oracle(engine))
+    decoder.cost_model = CostModel(9)
+    result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 40, policy="fixed:right", max_draft_len=3)))
+    fed = Counter(1 + len(r.draft_ids) for r in engine.requests[1:])
+    observations = decoder.cost_model.as_dict()["observations"]
+    assert sum(fed.values()) == result.stats.steps - 1 and fed[4] >= 5
+    assert observations == [fed.get(k, 0) for k in range(1, 10)]
+
+
+def test_a_step_streams_every_token_that_cannot_start_a_stop_word():
+    """Tokens are held back only while they may be the start of a stop word: with a stop word
+    that never begins, each step streams all of its tokens at once."""
+    engine = MockEngine()
+    expected = engine.vanilla(PROMPT, 30)
+    absent = next(t for t in range(1, engine.vocab_size) if t not in expected)
+    decoder, _ = make_decoder(engine, right=oracle(engine, length_cap=2))
+    session = decoder.start(GenerationRequest(PROMPT, 30, policy="fixed:right", stop_sequences=[[absent, absent]]))
+    events = list(generate(engine, session))
+    assert all(len(e.new_token_ids) == e.accepted + 1 for e in events[:-1])
+    assert [t for e in events for t in e.new_token_ids] == expected

@@ -6,13 +6,16 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from banditspec.config import GenerationRequest
 from banditspec.decoder import SpeculativeDecoder
 from banditspec.decoding import run_to_completion
+from banditspec.drafters.base import Draft
 from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
 from banditspec.drafters.registry import build_drafters
+from banditspec.drafting import RequestDrafters
 from banditspec.errors import BanditSpecValidationError
 from tests import fault_drafters
 from tests.fault_drafters import (
@@ -139,3 +142,73 @@ def test_a_request_cannot_name_a_fault_drafter_the_deployment_did_not_build():
     decoder = SpeculativeDecoder.for_engine(engine, {"right": ScriptedDrafter("right", oracle(engine))})
     with pytest.raises(BanditSpecValidationError, match="^arms: unknown arm 'fault_hang'"):
         decoder.start(GenerationRequest(PROMPT, 5, arms=["fault_hang"]))
+
+
+# ---------------------------------------------------------------- RequestDrafters directly
+
+
+class Session:
+    def __init__(self, ids, fail_in=None):
+        self.ids, self.fail_in, self.closed = ids, fail_in, None
+
+    def propose(self, max_len):
+        if self.fail_in == "propose":
+            raise InjectedFault("propose")
+        return Draft(token_ids=np.asarray(self.ids, dtype=np.int32))
+
+    def observe(self, tokens, hidden_states=None):
+        pass
+
+    def close(self, finished):
+        self.closed = finished
+        if self.fail_in == "close":
+            raise InjectedFault("close")
+
+
+class Fixed:
+    """A drafter whose sessions propose ``ids``; ``fail_in``: start | propose | close raises."""
+
+    def __init__(self, ids, fail_in=None):
+        self.ids, self.fail_in, self.sessions = ids, fail_in, []
+
+    def start(self, prompt):
+        if self.fail_in == "start":
+            raise InjectedFault("start")
+        self.sessions.append(Session(self.ids, self.fail_in))
+        return self.sessions[-1]
+
+
+def request_drafters(drafters):
+    dropped = {}
+    rd = RequestDrafters(drafters, list(drafters), [1, 2, 3], vocab_size=50, deadline_s=None,
+                         on_drop=lambda name, reason: dropped.setdefault(name, reason))
+    return rd, dropped
+
+
+@pytest.mark.parametrize("ids, valid", [([0, 49], True), ([7], True), ([-1, 3], False), ([50], False),
+                                        ([3, 51], False), ([-5, 60], False)])
+def test_a_draft_with_an_id_outside_the_vocabulary_drops_its_drafter(ids, valid):
+    """Vocabulary 50: ids 0..49 are drafts; anything else would reach the target as garbage."""
+    rd, dropped = request_drafters({"d": Fixed(ids)})
+    draft = rd.propose("d", 4)
+    if valid:
+        assert draft.token_ids.tolist() == ids and dropped == {} and rd.names() == ["d"]
+    else:
+        assert draft is None and dropped == {"d": "propose failed: ValueError"} and rd.names() == []
+
+
+def test_a_drafter_whose_start_raises_costs_its_arms_not_the_request():
+    rd, dropped = request_drafters({"bad": Fixed([1], fail_in="start"), "good": Fixed([4])})
+    assert dropped == {"bad": "start failed: InjectedFault"} and rd.names() == ["good"]
+    assert rd.propose("good", 4).token_ids.tolist() == [4]
+
+
+def test_a_drafter_whose_close_raises_does_not_fail_the_end_of_a_request():
+    bad, good = Fixed([1], fail_in="close"), Fixed([4])
+    rd, dropped = request_drafters({"bad": bad, "good": good})
+    rd.close(finished=True)  # must not raise
+    assert bad.sessions[0].closed is True and good.sessions[0].closed is True and rd.names() == []
+    engine = MockEngine()
+    decoder = SpeculativeDecoder.for_engine(engine, {"right": ScriptedDrafter("right", oracle(engine)), "bad": bad})
+    request = GenerationRequest(PROMPT, 12, policy="ucbspec", arms=["right", "bad"])
+    assert run_to_completion(engine, decoder.start(request)).token_ids == engine.vanilla(PROMPT, 12)

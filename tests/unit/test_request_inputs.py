@@ -34,6 +34,14 @@ def test_trtllm_inputs_resolve_into_the_same_fields():
         parse(num_draft_tokens=np.array([17], dtype=np.int32))
 
 
+def test_num_draft_tokens_from_1_to_the_servers_limit_set_max_draft_len():
+    """The server's limit here is 16: 1 and 16 are served as L, 17 is refused (0 = plain)."""
+    for k in (1, 16):
+        assert parse(num_draft_tokens=np.array([k], dtype=np.int32)).max_draft_len == k
+    with pytest.raises(BanditSpecValidationError, match="^num_draft_tokens: must be in 0..16, got 17"):
+        parse(num_draft_tokens=np.array([17], dtype=np.int32))
+
+
 @pytest.mark.parametrize("text", [b"   ", b"a\x00b"])
 def test_a_prompt_with_nothing_to_say_is_refused_before_decoding(text):
     parsed = parse(text_input=np.array([text], dtype=object))

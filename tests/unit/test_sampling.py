@@ -8,8 +8,10 @@ import torch
 
 from banditspec.engine.sampling import (
     acceptance_probability,
+    coupled_sample,
     count_greedy_accepted,
     make_generator,
+    SamplingOutcome,
     residual_distribution,
     speculative_sample,
     target_distribution,
@@ -113,3 +115,67 @@ def test_first_token_follows_target_distribution(deterministic_draft):
     # The test has power: the same counts are far from a different distribution.
     wrong = np.array([0.15, 0.35, 0.2, 0.25, 0.05])
     assert chi_square(counts, wrong) > CHI2_CRITICAL_0_001[4]
+
+
+# ---------------------------------------------------------------- pins from the mutation run
+
+
+def test_every_seed_and_length_has_its_own_random_stream():
+    """64 (seed, length) pairs, 64 different streams (a seed derivation that collapsed them to
+    a few would make different requests draw the same numbers)."""
+    firsts = {float(torch.rand(1, generator=make_generator(seed, length), dtype=torch.float64))
+              for seed in (0, 1, 7, 2**40) for length in range(16)}
+    assert len(firsts) == 64
+
+
+def test_a_token_neither_side_gives_mass_is_never_accepted():
+    p = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    q = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    assert acceptance_probability(p, 2, q) == 0.0
+    for seed in range(20):  # the draft token 2 is impossible: always replaced by 0 or 1
+        outcome = speculative_sample(torch.stack([p, p]), np.array([2]), q.unsqueeze(0), make_generator(seed, 4))
+        assert outcome.num_accepted == 0 and outcome.next_token in (0, 1)
+
+
+@pytest.mark.parametrize("sample", ["speculative", "coupled"])
+def test_p_must_have_a_row_per_draft_token_plus_one(sample):
+    p = torch.full((2, 4), 0.25, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^p must have gamma \+ 1 = 3 rows, got 2$"):
+        if sample == "speculative":
+            speculative_sample(p, np.array([1, 2]), None, make_generator(0, 5))
+        else:
+            coupled_sample(p, np.array([1, 2]), 0, 5)
+
+
+def _plain(p_row: torch.Tensor, seed: int, length: int) -> int:
+    """What plain decoding samples at this sequence length: coupled_sample with no draft."""
+    outcome = coupled_sample(p_row.unsqueeze(0), np.array([], dtype=np.int32), seed, length)
+    assert outcome.num_accepted == 0
+    return outcome.next_token
+
+
+def test_coupled_sampling_emits_what_plain_decoding_would_whatever_the_draft():
+    """Position i is drawn as plain decoding draws at length input_length + i: a draft equal to
+    those draws is accepted whole plus plain's next draw; a draft that differs at position j
+    keeps j tokens and replaces the j-th by plain's draw. So a seed gives one text, under
+    every policy."""
+    generator = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(4, 6, generator=generator, dtype=torch.float64), dim=-1)  # gamma = 3
+    for seed in range(12):
+        plain = [_plain(p[i], seed, 10 + i) for i in range(4)]
+        assert coupled_sample(p, np.array(plain[:3]), seed, 10) == SamplingOutcome(3, plain[3])
+        for j in range(3):
+            draft = list(plain[:3])
+            draft[j] = (plain[j] + 1) % 6
+            assert coupled_sample(p, np.array(draft), seed, 10) == SamplingOutcome(j, plain[j])
+
+
+def test_coupled_sampling_draws_from_the_target_distribution():
+    """Across seeds, the first token follows p (chi-square, as for speculative sampling)."""
+    p = torch.tensor([[0.1, 0.4, 0.2, 0.25, 0.05], [0.2] * 5], dtype=torch.float64)
+    counts = np.zeros(5, dtype=np.int64)
+    for seed in range(3000):
+        outcome = coupled_sample(p, np.array([0]), seed, 7)
+        counts[0 if outcome.num_accepted else outcome.next_token] += 1
+    assert chi_square(counts, p[0].numpy()) < CHI2_CRITICAL_0_001[4]
+    assert chi_square(counts, np.array([0.15, 0.35, 0.2, 0.25, 0.05])) > CHI2_CRITICAL_0_001[4]

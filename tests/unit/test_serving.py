@@ -287,3 +287,31 @@ def test_the_cost_model_is_calibrated_once_before_the_first_request_decodes():
     sink = RecordingSink()
     failing.handle(inputs(max_tokens=10), sink)  # a failed calibration does not fail the request
     assert not sink.errors and sink.text == expected_text(engine, "hello world", 10)
+
+
+class SlowEngine(MockEngine):
+    """A target whose every call takes 2 ms, so that timestamps of different steps differ."""
+
+    def verify(self, requests):
+        import time
+
+        time.sleep(0.002)
+        return super().verify(requests)
+
+
+def test_timing_reports_when_the_first_and_the_last_token_came():
+    """timing_ns in the final response's stats: arrival <= first scheduled <= first token <
+    last token when the request took several steps; with no token at all (EOS at once) the
+    first token time is the last one (never 0)."""
+    controller, _ = make_controller(SlowEngine(vocab_size=257, eos_id=256, max_context=1024))
+    sink = RecordingSink()
+    controller.handle(inputs(max_tokens=6, policy=np.array([[b"vanilla"]], dtype=object)), sink)
+    timing = sink.sent[-1][1]["timing_ns"]
+    assert timing["arrival"] <= timing["first_scheduled"] <= timing["first_token"]
+    assert timing["last_token"] - timing["first_token"] >= 5 * 2_000_000  # 5 more steps of >= 2 ms
+    controller, _ = make_controller(SlowEngine(vocab_size=257, eos_id=256, max_context=1024, eos_after=0))
+    sink = RecordingSink()
+    controller.handle(inputs(max_tokens=6), sink)
+    stats = sink.sent[-1][1]
+    assert stats["finish_reason"] == "eos" and sink.text == ""
+    assert 0 < stats["timing_ns"]["first_scheduled"] <= stats["timing_ns"]["first_token"] == stats["timing_ns"]["last_token"]

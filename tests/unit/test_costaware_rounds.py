@@ -1,0 +1,153 @@
+"""banditspec.costaware_rounds: one request's rounds under the costaware controller, driven
+directly (no decoder): which drafters propose, under which context each proposal is learned,
+how a costly drafter's pulls and declines are scored, and when a proposal stops being scored.
+
+A round here: ``choose`` at the sequence's end, then the target's tokens are appended to the
+sequence by hand and ``score`` is called, as the decoding session does after each step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from banditspec.bandits.cost_model import CostModel
+from banditspec.bandits.costaware import CostAwarePolicy, context_bucket
+from banditspec.config import ArmSpec
+from banditspec.costaware_rounds import CostAwareRounds
+from banditspec.drafters.base import Draft
+from banditspec.replay import VirtualClock
+
+FLAT = [1.0 + 0.02 * i for i in range(5)]  # verify cost of k tokens / cost of one (L = 4)
+STEEP = [1.0, 1.6, 2.0, 2.4, 2.8]
+
+
+class Cheap:
+    """A drafter that proposes every round (PLD, suffix, REST)."""
+
+
+class Costly:
+    """A drafter that proposes only when chosen (Eagle, a draft engine)."""
+
+    costly = True
+
+
+class Harness:
+    """proposals: drafter name -> f(sequence, max_len) -> token ids (or None: the drafter failed)."""
+
+    def __init__(self, drafters: dict, proposals: dict, curve=FLAT, max_len: int = 4):
+        self.drafters = drafters
+        self.proposals = proposals
+        self.controller = CostAwarePolicy(list(drafters), max_len, CostModel.fixed(curve), None)
+        self.rounds = CostAwareRounds(self.controller, self.controller.cost_model, VirtualClock())
+        self.arms = [ArmSpec(name, max_len) for name in drafters]
+        self.available = list(range(len(self.arms)))
+        self.calls: list[tuple[str, int]] = []  # (drafter, max_len) of each proposal asked for
+        self.candidates: list[list] = []  # what the controller was offered, per choose
+        self.recorded = 0  # controller.record calls (one per open proposal scored)
+        choose, record = self.controller.choose, self.controller.record
+
+        def spy_choose(candidates, cap):
+            self.candidates.append(list(candidates))
+            return choose(candidates, cap)
+
+        def spy_record(*args):
+            self.recorded += 1
+            return record(*args)
+
+        self.controller.choose, self.controller.record = spy_choose, spy_record
+
+    def propose(self, arm, max_len):
+        self.calls.append((arm.drafter, max_len))
+        ids = self.proposals[arm.drafter](self.sequence, max_len)
+        return None if ids is None else Draft(token_ids=np.asarray(ids, dtype=np.int32)[:max_len])
+
+    def choose(self, sequence, limit=4):
+        self.sequence = list(sequence)
+        return self.rounds.choose(self.arms, self.available, limit, len(sequence), self.drafters.get, self.propose)
+
+
+def test_no_room_for_a_draft_asks_no_drafter():
+    """At a request's last token (limit 0) the round decodes plainly without asking anyone."""
+    h = Harness({"a": Cheap(), "e": Costly()}, {"a": lambda s, n: [1] * n, "e": lambda s, n: [1] * n})
+    index, draft = h.choose([5, 6, 7], limit=0)
+    assert index is None and len(draft) == 0
+    assert h.calls == [] and h.controller.rounds == 0
+
+
+def test_agreement_is_on_the_next_token_only():
+    """Two drafters agree when their first tokens are equal, whatever follows: both proposals
+    are learned under the 'agreed' context, a third with another first token is not."""
+    h = Harness({"a": Cheap(), "b": Cheap(), "c": Cheap()},
+                {"a": lambda s, n: [7, 8, 20], "b": lambda s, n: [7, 9, 21], "c": lambda s, n: [3, 9, 20]})
+    h.choose([5, 6])
+    buckets = {c.drafter: c.bucket for c in h.candidates[0]}
+    assert buckets == {"a": context_bucket(0, agreed=True), "b": context_bucket(0, agreed=True),
+                       "c": context_bucket(0, agreed=False)}
+
+
+def test_full_information_scoring_with_a_real_vocabularys_token_ids():
+    """Every cheap proposal is scored against the target's tokens once known, with token ids as
+    large as a real vocabulary's (49152): 2 of 3 right -> positions 1-3 offered, 1-2 accepted."""
+    h = Harness({"a": Cheap()}, {"a": lambda s, n: [40001, 40002, 40003]})
+    prompt = [30000, 30001, 30002]
+    h.choose(prompt, limit=3)
+    h.rounds.score(prompt + [int("40001"), int("40002"), int("45000")])
+    bucket = context_bucket(0)
+    assert h.controller.local["a"].offered[bucket].tolist() == [1, 1, 1, 0]
+    assert h.controller.local["a"].accepted[bucket].tolist() == [1, 1, 0, 0]
+
+
+def test_a_decided_proposal_is_scored_no_more():
+    """Each round's proposal is recorded until its outcome is decided (here: at once, its first
+    token is wrong), then dropped: ten rounds, ten records (not 1 + 2 + ... + 10)."""
+    h = Harness({"a": Cheap()}, {"a": lambda s, n: [99] * n})
+    sequence = [5, 6]
+    for _ in range(10):
+        h.choose(sequence)
+        sequence.append(1)  # the target's token: never 99
+        h.rounds.score(sequence)
+    assert h.recorded == 10
+    assert h.controller.local["a"].offered[:, 0].sum() == 10
+
+
+def test_a_costly_drafter_that_is_always_wrong_is_tried_then_rarely_re_explored():
+    """Its pulls are learned under the context it is chosen under (first position), so its
+    optimism fades: over 40 rounds with a steep verify curve it is pulled only a few times."""
+    h = Harness({"e": Costly()}, {"e": lambda s, n: [99] * n}, curve=STEEP)
+    sequence, pulled = [5, 6], 0
+    for _ in range(40):
+        index, draft = h.choose(sequence)
+        pulled += index is not None
+        sequence.append(1)  # the target's token: the draft (99 ...) is wrong at its first token
+        h.rounds.score(sequence)
+    assert 1 <= pulled <= 6
+    assert h.controller.local["e"].offered[0, 0] == pulled and h.controller.local["e"].accepted.sum() == 0
+
+
+def test_a_costly_drafters_decline_is_scored_as_a_first_token_not_accepted():
+    h = Harness({"e": Costly()}, {"e": lambda s, n: []})
+    index, draft = h.choose([5, 6])
+    assert index is None and len(draft) == 0  # no cheap proposal to fall back on: plain
+    local = h.controller.local["e"]
+    assert local.offered[0, 0] == 1 and local.offered.sum() == 1 and local.accepted.sum() == 0
+
+
+def test_the_context_is_the_outcome_of_the_drafters_latest_proposal_by_position():
+    """'Whether the drafter's previous proposal had its first token right' is that of its
+    latest proposal (by position) whose first token is decided: an older proposal decided
+    later does not overwrite it."""
+    plans = iter([[1, 2, 3, 4], [9, 9, 9, 9], [], [5, 5, 5, 5]])
+    h = Harness({"a": Cheap()}, {"a": lambda s, n: next(plans)})
+    sequence = [50, 51]
+    h.choose(sequence)  # round 1 at position 2: proposes 1 2 3 4
+    assert h.candidates[-1][0].bucket == context_bucket(0, last_hit=None)
+    sequence += [1, 2]  # the target said 1 2: right so far, still open
+    h.rounds.score(sequence)
+    h.choose(sequence)  # round 2 at position 4: proposes 9 ..., its context: round 1 was right
+    assert h.candidates[-1][0].bucket == context_bucket(0, last_hit=True)
+    sequence += [3]  # round 2's proposal is wrong at once; round 1's still right
+    h.rounds.score(sequence)
+    h.choose(sequence)  # round 3: no proposal (no match)
+    sequence += [4]  # round 1's proposal now decided too, right to its end, but it is older
+    h.rounds.score(sequence)
+    h.choose(sequence)  # round 4: the latest decided first token is round 2's, wrong
+    assert h.candidates[-1][0].bucket == context_bucket(0, last_hit=False)
