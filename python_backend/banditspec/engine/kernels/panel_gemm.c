@@ -446,6 +446,13 @@ __attribute__((target("avx2,fma"))) static void weighted3(
     }
 }
 
+/* The keys of range [lo, hi) inside the chunk [c0, c0 + KEY_CHUNK): [*a, *z); 0 if none. */
+static inline int chunk_keys(int64_t lo, int64_t hi, int64_t c0, int64_t *a, int64_t *z) {
+    *a = lo > c0 ? lo : c0;
+    *z = hi < c0 + KEY_CHUNK ? hi : c0 + KEY_CHUNK;
+    return *a < *z;
+}
+
 __attribute__((target("avx2,fma"))) void bs_attention(
     const float *q, int64_t qsb, int64_t qsh, int64_t qst, const float *k, const float *v,
     int64_t kvsb, int64_t kvsh, const int64_t *lo, const int64_t *hi, float *out, int64_t B,
@@ -479,9 +486,8 @@ __attribute__((target("avx2,fma"))) void bs_attention(
             for (int64_t c0 = jlo; c0 < jhi; c0 += KEY_CHUNK) {
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t t = t0 + r;
-                    const int64_t a = lo[b * T + t] > c0 ? lo[b * T + t] : c0;
-                    const int64_t z = hi[b * T + t] < c0 + KEY_CHUNK ? hi[b * T + t] : c0 + KEY_CHUNK;
-                    if (a >= z) continue;
+                    int64_t a, z;
+                    if (!chunk_keys(lo[b * T + t], hi[b * T + t], c0, &a, &z)) continue;
                     for (int64_t h3 = 0; h3 < G3; h3 += 3) {
                         const float *qs[3];
                         float *sc[3];
@@ -505,9 +511,8 @@ __attribute__((target("avx2,fma"))) void bs_attention(
             for (int64_t c0 = jlo; c0 < jhi; c0 += KEY_CHUNK) {
                 for (int64_t r = 0; r < rows; ++r) {
                     const int64_t t = t0 + r;
-                    const int64_t a = lo[b * T + t] > c0 ? lo[b * T + t] : c0;
-                    const int64_t z = hi[b * T + t] < c0 + KEY_CHUNK ? hi[b * T + t] : c0 + KEY_CHUNK;
-                    if (a >= z) continue;
+                    int64_t a, z;
+                    if (!chunk_keys(lo[b * T + t], hi[b * T + t], c0, &a, &z)) continue;
                     for (int64_t h3 = 0; h3 < G3; h3 += 3) {
                         const float *ws[3];
                         float *as[3];
