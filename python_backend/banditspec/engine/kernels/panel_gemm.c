@@ -88,7 +88,7 @@ int64_t bs_panel_stride(int64_t K) {
 /* One row over k in [k0, k1) of a full group of GROUP panels starting at `panel`;
  * acc: this row's running values, GROUP * 16 floats. */
 __attribute__((target("avx2,fma"))) static void group_row(
-    const float *x, const float *panel, int64_t stride, int64_t K, int64_t k0, int64_t k1,
+    const float *x, const float *panel, int64_t stride, int64_t k0, int64_t k1,
     float *acc, int first, const float *const *pf, int npf) {
     const float *p0 = panel, *p1 = p0 + stride, *p2 = p1 + stride;
     const float *p3 = p2 + stride, *p4 = p3 + stride, *p5 = p4 + stride;
@@ -150,17 +150,17 @@ __attribute__((target("avx2,fma"))) static void panel_row(
     _mm256_storeu_ps(a##r + (j) * PANEL + 8, r##hi##j);
 
 __attribute__((target("avx2,fma"))) static void group_rows2(
-    const float *x0, const float *x1, const float *panel, int64_t stride, int64_t K, int64_t k0,
+    const float *x0, const float *x1, const float *panel, int64_t stride, int64_t k0,
     int64_t k1, float *acc0, float *acc1, int first, const float *const *pf, int npf) {
     for (int half = 0; half < 2; ++half) {
         const float *q0 = panel + (int64_t)(3 * half) * stride, *q1 = q0 + stride, *q2 = q1 + stride;
         float *ar0 = acc0 + 3 * half * PANEL, *ar1 = acc1 + 3 * half * PANEL;
         PAIR_INIT(r0, 0) PAIR_INIT(r0, 1) PAIR_INIT(r0, 2)
         PAIR_INIT(r1, 0) PAIR_INIT(r1, 1) PAIR_INIT(r1, 2)
-        if (npf) {
+        if (npf && half == 0) { /* the prefetches go with the first three panels */
             for (int64_t k = k0; k < k1; ++k) {
                 const __m256 b0 = _mm256_broadcast_ss(x0 + k), b1 = _mm256_broadcast_ss(x1 + k);
-                if (half == 0) for (int i = 0; i < npf; ++i) _mm_prefetch((const char *)(pf[i] + k * PANEL), PF_HINT);
+                for (int i = 0; i < npf; ++i) _mm_prefetch((const char *)(pf[i] + k * PANEL), PF_HINT);
                 PAIR_FMA(0) PAIR_FMA(1) PAIR_FMA(2)
             }
         } else {
@@ -196,7 +196,7 @@ __attribute__((target("avx2,fma"))) static void one_group(
                 const int later = (int)(rows / 2); /* passes after the first */
                 const float *pf[GROUP];
                 int pass = 0;
-                group_row(x + m0 * ldx, panel, stride, K, k0, k1, acc[0], k0 == 0, pf, 0);
+                group_row(x + m0 * ldx, panel, stride, k0, k1, acc[0], k0 == 0, pf, 0);
                 int64_t r = 1;
                 while (r < rows) {
                     int npf = 0;
@@ -206,10 +206,10 @@ __attribute__((target("avx2,fma"))) static void one_group(
                     }
                     const float *xr = x + (m0 + r) * ldx;
                     if (r + 1 < rows) {
-                        group_rows2(xr, xr + ldx, panel, stride, K, k0, k1, acc[r], acc[r + 1], k0 == 0, pf, npf);
+                        group_rows2(xr, xr + ldx, panel, stride, k0, k1, acc[r], acc[r + 1], k0 == 0, pf, npf);
                         r += 2;
                     } else {
-                        group_row(xr, panel, stride, K, k0, k1, acc[r], k0 == 0, pf, npf);
+                        group_row(xr, panel, stride, k0, k1, acc[r], k0 == 0, pf, npf);
                         r += 1;
                     }
                     ++pass;
@@ -219,7 +219,7 @@ __attribute__((target("avx2,fma"))) static void one_group(
             for (int64_t r = 0; r < rows; ++r) {
                 const float *xr = x + (m0 + r) * ldx;
                 if (count == GROUP) {
-                    group_row(xr, panel, stride, K, k0, k1, acc[r], k0 == 0, 0, 0);
+                    group_row(xr, panel, stride, k0, k1, acc[r], k0 == 0, 0, 0);
                 } else {
                     for (int64_t j = 0; j < count; ++j)
                         panel_row(xr, panel + j * stride, k0, k1, acc[r] + j * PANEL, k0 == 0);
