@@ -11,14 +11,14 @@ import sys
 import time
 
 from banditspec.bandits.registry import POLICY_CHOICES
-from banditspec.config import DEFAULT_POLICY
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY
 
 
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the prompt text (one user turn; the chat template is applied)")
     p.add_argument("--policy", default=DEFAULT_POLICY, help=" | ".join((*POLICY_CHOICES, "fixed:<arm>")))
     p.add_argument("--arms", default=None, help="comma-separated arms, e.g. pld,suffix@2,rest (default: all)")
-    p.add_argument("--max-draft-len", type=int, default=4, help="L, the longest speculation")
+    p.add_argument("--max-draft-len", type=int, default=DEFAULT_MAX_DRAFT_LEN, help="L, the longest speculation")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)

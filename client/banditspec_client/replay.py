@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN
+
 STEEP = [1.00, 1.54, 1.77, 1.79, 1.98, 2.10, 2.21, 2.26, 2.31]  # the fp32 engine before fast kernels
 FLAT = [1.00, 1.02, 1.04, 1.06, 1.08, 1.10, 1.12, 1.14, 1.16]  # GPU-like
 ENGINE_JSON = Path("docs/benchmarks/engine/engine_cost.json")
@@ -37,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=60, help="prompts per workload")
     parser.add_argument("--prompts-file", type=Path, default=None, help='JSONL of {"kind", "prompt"} (your traffic)')
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--max-draft-len", type=int, default=4, help="L of the replayed policies")
+    parser.add_argument("--max-draft-len", type=int, default=DEFAULT_MAX_DRAFT_LEN, help="L of the replayed policies")
     parser.add_argument("--record-len", type=int, default=8, help="tokens recorded per proposal (>= L)")
     parser.add_argument("--drafters", default="pld,suffix,rest",
                         help="drafters to record and replay; eagle (costly: proposes only when chosen) is recorded "

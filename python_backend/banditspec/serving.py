@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
-from banditspec.config import DEFAULT_POLICY, GenerationRequest
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, GenerationRequest
 from banditspec.decoder import SpeculativeDecoder
 from banditspec.decoding import generate
 from banditspec.engine.contract import Engine
@@ -106,7 +106,7 @@ class ServingDefaults:
 
     policy: str = DEFAULT_POLICY
     arms: tuple[str, ...] | None = None  # None = every arm the deployment serves
-    max_draft_len: int = 4
+    max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
     reward: str = "accepted"
     chat_template: bool = True
     max_concurrent_sequences: int = 8

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Union
 
 from banditspec.bandits.registry import check_policy
-from banditspec.config import DEFAULT_POLICY, REWARD_CHOICES, Limits
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, REWARD_CHOICES, Limits
 from banditspec.errors import BanditSpecValidationError
 
 TARGET_KINDS = ("reference", "tensorrtllm")
@@ -85,7 +85,7 @@ class ServingConfig:
     drafter_plugin: Path | None = None  # a file that adds drafters by name (tests only)
     default_policy: str = DEFAULT_POLICY
     default_arms: tuple[str, ...] | None = None  # None: every arm the deployment serves
-    default_max_draft_len: int = 4
+    default_max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
     default_reward: str = "accepted"
     chat_template: bool = True
     max_concurrent_sequences: int = 8
@@ -120,7 +120,7 @@ class ServingConfig:
             drafter_plugin=Path(plugin) if (plugin := p.text("drafter_plugin", "").strip()) else None,
             default_policy=check_policy(p.text("default_policy", DEFAULT_POLICY), field="default_policy"),
             default_arms=p.names("default_arms", "") or None,
-            default_max_draft_len=p.integer("default_max_draft_len", 4),
+            default_max_draft_len=p.integer("default_max_draft_len", DEFAULT_MAX_DRAFT_LEN),
             default_reward=default_reward,
             chat_template=p.flag("chat_template", True),
             max_concurrent_sequences=p.integer("max_concurrent_sequences", 8, low=1),

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L
 from banditspec.paths import REPO_ROOT
 from tests.fake_tokenizer import ByteTokenizer
 from tests.glue import fake_pb_utils
@@ -116,7 +117,7 @@ def test_stats_output_and_streaming(stack):
     assert len(chunks) > 1
     final, flags = req.sender.sent[-1]
     stats = json.loads(fake_pb_utils.get_output_tensor_by_name(final, "speculation_stats").as_numpy().reshape(-1)[0])
-    assert stats["generated_tokens"] == 30 and set(stats["arms"]) <= {"pld@4", "vanilla"}
+    assert stats["generated_tokens"] == 30 and set(stats["arms"]) <= {f"pld@{L}", "vanilla"}
     assert "".join(chunks) == ByteTokenizer().decode(engine.vanilla(list(b"hello world"), 30))
 
 

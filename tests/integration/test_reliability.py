@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L
 from banditspec.paths import cache_dir
 from banditspec_client.serve import TritonServer
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
@@ -113,7 +114,7 @@ def test_a_raising_drafter_is_dropped_and_counted_and_the_request_is_lossless(fa
         fault_server.grpc_url, prompt, GenerationOptions(max_tokens=24, policy=policy, arms=["fault_raise", "pld"])
     )
     assert result.text == reference.text(prompt, 24)
-    assert result.stats["dropped_arms"] == {"fault_raise@4": "propose failed: InjectedFault"}
+    assert result.stats["dropped_arms"] == {f"fault_raise@{L}": "propose failed: InjectedFault"}
     after = metrics(fault_server)
     failures = "nv_banditspec_drafter_failures"
     assert metric_total(after, failures, drafter="fault_raise", kind="error") == metric_total(
@@ -133,7 +134,7 @@ def test_hanging_drafters_cost_one_deadline_each_and_requests_stay_lossless(faul
         runs = list(pool.map(one, range(6)))
     for i, (result, seconds) in enumerate(runs):
         assert result.text == reference.text(PROMPTS[i % len(PROMPTS)], 24)
-        assert result.stats["dropped_arms"] == {"fault_hang@4": "deadline exceeded"}
+        assert result.stats["dropped_arms"] == {f"fault_hang@{L}": "deadline exceeded"}
         assert seconds < 15, "a hung drafter must cost its deadline, not its hang (30 s)"
     after = metrics(fault_server)
     key = dict(drafter="fault_hang", kind="deadline")

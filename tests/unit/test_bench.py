@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec.errors import BanditSpecValidationError
 from banditspec_client.bench.compare import command as bench
 from banditspec_client.bench.methods import RunRecord, digest, parse_methods, rotated
@@ -40,7 +41,16 @@ def test_reward_both_runs_each_adaptive_method_with_each_reward():
     assert [m.reward for m in parse_methods("ucbspec", reward="throughput")] == ["throughput"]
 
 
-@pytest.mark.parametrize("text", ["", "medusa", "pld,pld", "ucbspec:fast", "pld:throughput", "pld@x"])
+def test_an_adaptive_method_may_name_its_own_ceiling_L():
+    methods = {m.name: m for m in parse_methods("costaware@4,costaware@8:throughput,costaware")}
+    assert (methods["costaware@4"].policy, methods["costaware@4"].max_draft_len) == ("costaware", 4)
+    assert (methods["costaware@8:throughput"].max_draft_len, methods["costaware@8:throughput"].reward) == (8, "throughput")
+    assert methods["costaware"].max_draft_len is None and methods["costaware@4"].adaptive
+    assert private_model_name(methods["costaware@8:throughput"]) == "banditspec_costaware_8_throughput"
+
+
+@pytest.mark.parametrize("text", ["", "medusa", "pld,pld", "ucbspec:fast", "pld:throughput", "pld@x",
+                                  "costaware@0", "costaware@17", "costaware@x", "costaware@", "costaware@4,costaware@4"])
 def test_bad_method_lists_are_rejected(text):
     with pytest.raises(BanditSpecValidationError) as err:
         parse_methods(text)
@@ -166,6 +176,23 @@ def test_markdown_report_has_one_row_per_method_and_the_per_prompt_oracle():
     assert "Lossless: every method's output equals vanilla's" in report
 
 
+def test_an_adaptive_method_at_its_own_L_asks_for_that_L():
+    from banditspec_client.bench.in_process import InProcessRunner
+    from banditspec_client.bench.runner import RunSettings
+    from banditspec_client.bench.workloads import load_workload
+
+    runner = InProcessRunner(RunSettings(model="tiny", max_draft_len=8, threads=1), drafters=["pld"])
+    prompt = load_workload("code-edit", 1)[0]
+    asked = {}
+    for method in parse_methods("costaware@2,costaware"):
+        decoder = runner._decoder(method)
+        start = decoder.start
+        decoder.start = lambda request, _name=method.name, _start=start: asked.setdefault(_name, request) and _start(request)
+        record = runner.run(prompt, method, 12)
+        assert record.generated_tokens > 0
+    assert (asked["costaware@2"].max_draft_len, asked["costaware"].max_draft_len) == (2, 8)
+
+
 # -- through-Triton repository ---------------------------------------------------------
 def test_bench_repository_adds_renamed_private_controller_copies(tmp_path):
     name = private_model_name(parse_methods("ucbspec:throughput")[0])
@@ -236,7 +263,7 @@ def test_bench_runs_every_method_on_every_prompt_and_writes_table_json_and_plots
         assert 1 <= r["generated_tokens"] <= 6 and r["seconds"] > 0 and r["steps"] == len(r["arms"])
         assert r["cpu_seconds"] > 0
     adaptive_arms = {a for r in records if r["method"] in ("ucbspec", "exp3spec") for a in r["arms"]}
-    assert adaptive_arms <= {"pld@4", "suffix@4", "vanilla"}
+    assert adaptive_arms <= {f"pld@{DEFAULT_MAX_DRAFT_LEN}", f"suffix@{DEFAULT_MAX_DRAFT_LEN}", "vanilla"}
     (summary,) = result["summaries"]
     assert result["cpu_summaries"][0]["clock"] == "cpu"
     assert summary["lossless_mismatches"] == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from banditspec.config import GenerationRequest, Limits
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L, GenerationRequest, Limits
 from banditspec.decoder import SpeculativeDecoder
 from banditspec.decoding import generate, run_to_completion
 from banditspec.drafters.base import Draft
@@ -161,8 +161,8 @@ def test_a_raising_drafter_is_dropped_and_the_request_finishes():
     decoder, _ = make_decoder(engine, bad=raising, right=oracle(engine))
     result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 30, policy="ucbspec")))
     assert result.token_ids == engine.vanilla(PROMPT, 30)
-    assert "bad@4" in result.stats.dropped_arms
-    assert "bad@4" not in result.stats.arms
+    assert f"bad@{L}" in result.stats.dropped_arms
+    assert f"bad@{L}" not in result.stats.arms
 
 
 def test_all_drafters_failing_falls_back_to_plain_decoding():
@@ -186,7 +186,7 @@ def test_ucbspec_learns_the_good_arm():
     decoder, _ = make_decoder(engine, right=oracle(engine), wrong=always_wrong(engine))
     result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 300, policy="ucbspec")))
     arms = result.stats.arms
-    assert arms.count("right@4") > 3 * arms.count("wrong@4")
+    assert arms.count(f"right@{L}") > 3 * arms.count(f"wrong@{L}")
 
 
 def test_cancel_stops_and_closes_drafter_sessions():
@@ -322,7 +322,7 @@ def test_an_engine_that_returns_no_token_of_its_own_is_refused():
     engine = NoBonusEngine()
     decoder, _ = make_decoder(engine, right=oracle(engine))
     session = decoder.start(GenerationRequest(PROMPT, 20, policy="fixed:right"))
-    with pytest.raises(RuntimeError, match="engine returned 4 tokens with 4 accepted of 4"):
+    with pytest.raises(RuntimeError, match=f"engine returned {L} tokens with {L} accepted of {L}"):
         run_to_completion(engine, session)
 
 

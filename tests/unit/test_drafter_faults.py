@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from banditspec.config import GenerationRequest
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L, GenerationRequest
 from banditspec.decoder import SpeculativeDecoder
 from banditspec.decoding import run_to_completion
 from banditspec.drafters.base import Draft
@@ -44,9 +44,9 @@ def test_a_raising_drafter_is_dropped_and_the_output_is_lossless(policy):
     request = GenerationRequest(PROMPT, 40, policy=policy, arms=["fault_raise", "right"], seed=3)
     result = run_to_completion(engine, decoder.start(request))
     assert result.token_ids == engine.vanilla(PROMPT, 40)
-    assert result.stats.dropped_arms == {"fault_raise@4": "propose failed: InjectedFault"}
+    assert result.stats.dropped_arms == {f"fault_raise@{L}": "propose failed: InjectedFault"}
     assert faulty.faults_raised == 1  # dropped at its first fault, never asked again
-    assert result.stats.arms.count("fault_raise@4") == faulty.fail_after  # its two good (empty) drafts
+    assert result.stats.arms.count(f"fault_raise@{L}") == faulty.fail_after  # its two good (empty) drafts
 
 
 def test_a_hanging_drafter_costs_one_deadline_then_its_arm():
@@ -58,7 +58,7 @@ def test_a_hanging_drafter_costs_one_deadline_then_its_arm():
     result = run_to_completion(engine, decoder.start(request))
     elapsed = time.perf_counter() - started
     assert result.token_ids == engine.vanilla(PROMPT, 30)
-    assert result.stats.dropped_arms == {"fault_hang@4": "deadline exceeded"}
+    assert result.stats.dropped_arms == {f"fault_hang@{L}": "deadline exceeded"}
     assert faulty.hangs_started == 1
     assert elapsed < faulty.max_hang_s / 2, "the step waited for the hung proposal instead of its deadline"
     # dropping the arm closed its session, which releases the stuck proposal thread

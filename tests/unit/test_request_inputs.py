@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from banditspec.config import DEFAULT_POLICY, GenerationRequest, Limits, validate_request
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, GenerationRequest, Limits, validate_request
 from banditspec.errors import BanditSpecValidationError
 from banditspec.serving import RequestInputs, ServingDefaults, parse_inputs
 from tests.fake_tokenizer import ByteTokenizer
@@ -19,7 +19,7 @@ def parse(defaults=ServingDefaults(), **tensors) -> RequestInputs:
 def test_defaults_fill_what_the_request_leaves_out():
     parsed = parse()
     assert (parsed.text_input, parsed.max_tokens, parsed.stream, parsed.policy) == ("hello", 8, False, DEFAULT_POLICY)
-    assert (parsed.arms, parsed.max_draft_len, parsed.reward, parsed.stop_words) == (None, 4, "accepted", [])
+    assert (parsed.arms, parsed.max_draft_len, parsed.reward, parsed.stop_words) == (None, DEFAULT_MAX_DRAFT_LEN, "accepted", [])
     assert parse(ServingDefaults(arms=("pld",), chat_template=False)).arms == ["pld"]
     request = parse(ServingDefaults(chat_template=False)).generation_request(ByteTokenizer())
     assert list(request.prompt_ids) == list(b"hello") and request.max_tokens == 8

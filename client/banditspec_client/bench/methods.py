@@ -5,9 +5,10 @@ Method names (``--methods``):
 * ``vanilla``: plain decoding (policy ``vanilla``);
 * ``pld`` | ``suffix`` | ``rest`` | ``eagle`` (optionally ``@GAMMA``): one fixed arm
   (policy ``fixed:<arm>``) drafting L tokens (or GAMMA);
-* ``ucbspec`` | ``exp3spec`` (optionally ``:accepted`` or ``:throughput``, the reward;
-  without it the ``--reward`` option decides): the adaptive policy over every drafter
-  arm the stack serves, each at L.
+* ``costaware`` | ``ucbspec`` | ``exp3spec`` (optionally ``@L`` and ``:accepted`` or
+  ``:throughput``, the reward; without them ``--max-draft-len`` and ``--reward`` decide):
+  the adaptive policy over every drafter arm the stack serves, each at L (``costaware@4``
+  and ``costaware@8`` compare two ceilings side by side in one run).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from banditspec.config import REWARD_CHOICES
+from banditspec.config import MAX_SPECULATION_LENGTH, REWARD_CHOICES
 from banditspec.errors import BanditSpecValidationError
 
 FIXED_DRAFTERS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")
@@ -33,12 +34,14 @@ class Method:
     policy:  the request's policy: "vanilla", "fixed:pld" (or "fixed:pld@2"), "ucbspec", ...
     drafter: the drafter a fixed arm needs ("" for vanilla and adaptive methods)
     reward:  the request's reward ("accepted" | "throughput"); only adaptive methods learn from it
+    max_draft_len: the request's L for an adaptive method named with ``@L`` (None: the run's)
     """
 
     name: str
     policy: str
     drafter: str = ""
     reward: str = "accepted"
+    max_draft_len: int | None = None
 
     @property
     def adaptive(self) -> bool:
@@ -58,13 +61,18 @@ class Method:
 def _parse_one(text: str, reward: str) -> list[Method]:
     if text == VANILLA:
         return [Method(VANILLA, VANILLA)]
-    policy, _, method_reward = text.partition(":")
+    head, _, method_reward = text.partition(":")
+    policy, at, length = head.partition("@")
     if policy in ADAPTIVE_POLICIES:
         if method_reward and method_reward not in REWARD_CHOICES:
             raise BanditSpecValidationError("methods", f"{text!r}: reward must be one of {REWARD_CHOICES}")
+        if at and not (length.isdigit() and 1 <= int(length) <= MAX_SPECULATION_LENGTH):
+            raise BanditSpecValidationError(
+                "methods", f"{text!r}: L must be an integer in 1..{MAX_SPECULATION_LENGTH}")
         rewards = [method_reward] if method_reward else (list(REWARD_CHOICES) if reward == "both" else [reward])
         named = bool(method_reward) or reward == "both"
-        return [Method(f"{policy}:{r}" if named else policy, policy, "", r) for r in rewards]
+        limit = int(length) if at else None
+        return [Method(f"{head}:{r}" if named else head, policy, "", r, limit) for r in rewards]
     drafter, _, gamma = text.partition("@")
     if drafter not in FIXED_DRAFTERS or method_reward:
         raise BanditSpecValidationError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, rotated
 from banditspec_client.bench.workloads import Prompt
 
@@ -30,7 +31,7 @@ class RunSettings:
     """
 
     model: str = "smollm2"
-    max_draft_len: int = 4
+    max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
     seed: int = 0
     threads: int = 1
     adaptive_drafters: tuple[str, ...] = FIXED_DRAFTERS

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec.errors import BanditSpecValidationError
 from banditspec_client.bench.compare.summary import markdown_report, summarize, summary_dict
 from banditspec_client.bench.methods import DEFAULT_METHODS, FIXED_DRAFTERS, Method, RunRecord, parse_methods
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help=f"tokens per request (default {FULL['max_tokens']})")
     parser.add_argument("--drafters", default=",".join(FIXED_DRAFTERS),
                         help="drafters the adaptive methods choose among (those the stack can serve)")
-    parser.add_argument("--max-draft-len", type=int, default=4, help="L: fixed arms draft L tokens; adaptive arms too")
+    parser.add_argument("--max-draft-len", type=int, default=DEFAULT_MAX_DRAFT_LEN, help="L: fixed arms draft L tokens; adaptive arms too")
     parser.add_argument("--reward", default="accepted", choices=["accepted", "throughput", "both"],
                         help="reward of the adaptive methods; both = run each adaptive method with each reward")
     parser.add_argument("--through-triton", action="store_true", help="start tritonserver, send requests over gRPC")
