@@ -94,7 +94,7 @@ class InProcessRunner:
             max_tokens=max_tokens,
             policy=method.policy,
             arms=self.adaptive_arms if method.adaptive else None,
-            max_draft_len=method.max_draft_len or self.settings.max_draft_len,
+            max_draft_len=method.draft_len(self.settings.max_draft_len),
             seed=self.settings.seed,
             reward=method.reward,
         )

@@ -43,6 +43,10 @@ class Method:
     reward: str = "accepted"
     max_draft_len: int | None = None
 
+    def draft_len(self, run_max_draft_len: int) -> int:
+        """The L this method's requests ask for: its own ``@L``, else the run's."""
+        return self.max_draft_len or run_max_draft_len
+
     @property
     def adaptive(self) -> bool:
         return self.policy in ADAPTIVE_POLICIES

@@ -138,7 +138,7 @@ class TritonRunner:
 
         opts = GenerationOptions(
             max_tokens=max_tokens, stream=False, seed=self.settings.seed, policy=method.policy, arms=arms,
-            max_draft_len=method.max_draft_len or self.settings.max_draft_len, reward=method.reward,
+            max_draft_len=method.draft_len(self.settings.max_draft_len), reward=method.reward,
         )
         return generate_grpc(self._server.grpc_url, text, opts, model_name=model_name)
 
