@@ -191,6 +191,36 @@ def test_min_confidence_cuts_the_draft_to_a_prefix(drafter, tiny):
             EagleDrafter(drafter.head, drafter.embedding, min_confidence=bad)
 
 
+def test_prompt_window_reads_only_the_latest_positions(drafter, tiny):
+    """With a window of w, the first call feeds the head only the prompt's last w pairs: it
+    drafts exactly what a session started on those positions alone drafts (rope is
+    relative), and later calls feed everything new. The window cuts the first call's work;
+    it never changes the output (drafts are verified)."""
+    ids = random_ids(40, seed=11)
+    hidden = target_hidden(tiny, ids)
+    window = 8
+    windowed = EagleDrafter(drafter.head, drafter.embedding, prompt_window=window)
+    session = windowed.start(ids[:30])
+    session.observe([ids[30]], hidden[:30])
+    draft = session.propose(4).token_ids
+    assert session.cache_k.shape[2] == window  # only the last w pairs were fed
+
+    # the same w pairs (positions 22..29, each with its next token) as a fresh session's whole context
+    tail = ids[30 - window:31]
+    fresh = drafter.start(tail[:1])
+    fresh.observe(tail[1:], hidden[30 - window:30])
+    assert np.array_equal(draft, fresh.propose(4).token_ids)
+    whole, _ = started(drafter, tiny, ids, 30)
+    assert whole.propose(4).token_ids.tolist() != [] and whole.cache_k.shape[2] == 30
+
+    session.observe(ids[31:33], hidden[30:32])  # later calls: every new pair
+    session.propose(2)
+    assert session.cache_k.shape[2] == window + 2
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(BanditSpecValidationError, match="prompt_window"):
+            EagleDrafter(drafter.head, drafter.embedding, prompt_window=bad)
+
+
 def test_missing_features_mean_no_draft(drafter, tiny):
     ids = random_ids(16, seed=5)
     session = drafter.start(ids[:8])
