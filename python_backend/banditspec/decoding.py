@@ -28,7 +28,7 @@ from banditspec.bandits.costaware import CostAwarePolicy, SharedAcceptance
 from banditspec.costaware_rounds import CostAwareRounds
 from banditspec.bandits.registry import COSTAWARE, ResolvedPolicy, build_policy
 from banditspec.config import VANILLA_ARM, ArmSpec, GenerationRequest
-from banditspec.drafters.base import Draft, Drafter
+from banditspec.drafters.base import Draft, Drafter, first_feature
 from banditspec.drafting import RequestDrafters
 from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
 from banditspec.gamma_controller.budget import SpeculationBudget
@@ -103,9 +103,14 @@ class DecodingSession:
         # The target states the feature-hungry drafter reads (EAGLE-3: decoder-layer outputs)
         self._hidden_layers: tuple[int, ...] = ()
         if self._needs_hidden:
-            self._hidden_layers = next(
-                (tuple(getattr(decoder.drafters[n], "feature_layers", ())) for n in self._drafters.names()
-                 if getattr(decoder.drafters[n], "needs_hidden_states", False)), ())
+            hungry = [decoder.drafters[n] for n in self._drafters.names()
+                      if getattr(decoder.drafters[n], "needs_hidden_states", False)]
+            self._hidden_layers = tuple(getattr(hungry[0], "feature_layers", ()))
+            # A head with a window on the prompt reads only its latest positions: the first
+            # step asks for those states alone (and a cached prefix is reused up to them).
+            windows = [getattr(d, "prompt_window", None) for d in hungry]
+            if None not in windows:
+                self._hidden_from = first_feature(len(self._prompt), max(windows))
 
     # -- the step protocol -------------------------------------------------------------
     def next_verify(self) -> VerifyRequest:

@@ -384,6 +384,20 @@ def test_a_feature_drafter_gets_each_positions_hidden_state_once(length_cap):
     assert drafter.seen == list(range(len(PROMPT) + 17 - 1))
 
 
+def test_a_feature_drafter_with_a_prompt_window_is_sent_the_windows_states_only():
+    """A drafter that reads only the prompt's last w positions (Eagle's prompt_window): the
+    first step asks the target for the states from position len(prompt) - w on, so that
+    neither the target nor a BLS call carries the rest; then every position once, as before."""
+    engine = HiddenStateEngine()
+    drafter = FeatureDrafter("eagle", oracle(engine, length_cap=2))
+    drafter.prompt_window = 3
+    decoder = SpeculativeDecoder.for_engine(engine, {"eagle": drafter})
+    result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 17, policy="fixed:eagle")))
+    assert result.token_ids == engine.vanilla(PROMPT, 17)
+    assert engine.requests[0].hidden_from == len(PROMPT) - 3
+    assert drafter.seen == list(range(len(PROMPT) - 3, len(PROMPT) + 17 - 1))
+
+
 def test_the_cost_model_learns_the_tokens_each_round_fed():
     """Every round but the first (it also prefilled the prompt) is one observation of the
     verify cost at k = 1 + gamma, the tokens the target was fed."""

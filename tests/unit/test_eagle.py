@@ -192,10 +192,11 @@ def test_min_confidence_cuts_the_draft_to_a_prefix(drafter, tiny):
 
 
 def test_prompt_window_reads_only_the_latest_positions(drafter, tiny):
-    """With a window of w, the first call feeds the head only the prompt's last w pairs: it
-    drafts exactly what a session started on those positions alone drafts (rope is
-    relative), and later calls feed everything new. The window cuts the first call's work;
-    it never changes the output (drafts are verified)."""
+    """With a window of w, the head reads only the prompt's last w positions (earlier rows are
+    dropped on arrival, and a target asked for those rows alone serves it the same): it drafts
+    exactly what a session started on those positions alone drafts (rope is relative), and
+    later calls feed everything new. The window cuts the head's work; it never changes the
+    output (drafts are verified)."""
     ids = random_ids(40, seed=11)
     hidden = target_hidden(tiny, ids)
     window = 8
@@ -204,6 +205,9 @@ def test_prompt_window_reads_only_the_latest_positions(drafter, tiny):
     session.observe([ids[30]], hidden[:30])
     draft = session.propose(4).token_ids
     assert session.cache_k.shape[2] == window  # only the last w pairs were fed
+    asked = windowed.start(ids[:30])  # the decoding loop asks the target for rows 22.. only
+    asked.observe([ids[30]], hidden[30 - window:30])
+    assert np.array_equal(draft, asked.propose(4).token_ids)
 
     # the same w pairs (positions 22..29, each with its next token) as a fresh session's whole context
     tail = ids[30 - window:31]

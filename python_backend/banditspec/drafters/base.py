@@ -95,3 +95,9 @@ def empty_draft() -> Draft:
 def draft_of(tokens: Sequence[int], match_len: int = 0) -> Draft:
     """A deterministic draft: token_ids int32 [len(tokens)], probs None."""
     return Draft(token_ids=np.asarray(tokens, dtype=np.int32).reshape(-1), probs=None, match_len=int(match_len))
+
+
+def first_feature(prompt_len: int, prompt_window: int | None) -> int:
+    """The first position whose target state a feature-reading drafter (Eagle) with a window
+    of ``prompt_window`` positions on the prompt reads (None: the whole prompt)."""
+    return 0 if prompt_window is None else max(0, prompt_len - prompt_window)

@@ -22,7 +22,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from banditspec.drafters.base import Draft
+from banditspec.checks import is_int
+from banditspec.drafters.base import Draft, first_feature
 from banditspec.engine.fast_llama import Int8Linear
 from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS
 from banditspec.eagle.head import EagleHead, load_head
@@ -51,10 +52,11 @@ DEFAULT_MIN_CONFIDENCE = 0.4
 # the head's precision changes only which tokens are proposed, never the output; its acceptance
 # against fp32 is measured in engine_build/eagle/README.md ("int8 drafting").
 DEFAULT_INT8 = True
-# The head's first call reads at most this many of the request's latest positions (the prompt's
-# tail): committing a whole prompt cost ~20 ms on a 300-token prompt here, a fifth of what the
-# arm spent drafting on code, while the head's attention is mostly local (acceptance with and
-# without the window: engine_build/eagle/README.md). None: the whole prompt.
+# The head reads at most this many of the prompt's latest positions: feeding it a whole prompt
+# cost ~20 ms on a 300-token prompt here, a fifth of what the arm spent drafting on code, while
+# the head's attention is mostly local (acceptance with and without the window:
+# engine_build/eagle/README.md). The target is asked for those states only, so a cached prompt
+# prefix is reused up to the window. None: the whole prompt.
 DEFAULT_PROMPT_WINDOW: int | None = 64
 
 
@@ -92,8 +94,9 @@ class EagleDrafter:
         over the draft vocabulary) is below this, so that an unsure head proposes fewer
         tokens (possibly none) and the target verifies less; 0 always drafts the full length.
     int8: draft with int8 weights (see DEFAULT_INT8); False: the head as given (fp32).
-    prompt_window: the first call feeds the head at most this many latest positions (the
-        prompt's tail; later calls feed everything new); None: every position.
+    prompt_window: the head reads only the prompt's latest ``prompt_window`` positions (and
+        every position after them); None: the whole prompt. The decoding loop asks the target
+        for those positions' states alone (:func:`~banditspec.drafters.base.first_feature`).
     """
 
     name = "eagle"
@@ -108,8 +111,7 @@ class EagleDrafter:
                  min_confidence: float = 0.0, int8: bool = False, prompt_window: int | None = None):
         if not 0.0 <= float(min_confidence) < 1.0:
             raise BanditSpecValidationError("min_confidence", f"must be in [0, 1), got {min_confidence!r}")
-        if prompt_window is not None and (isinstance(prompt_window, bool) or not isinstance(prompt_window, int)
-                                          or prompt_window < 1):
+        if prompt_window is not None and not (is_int(prompt_window) and prompt_window >= 1):
             raise BanditSpecValidationError("prompt_window", f"must be None or an int >= 1, got {prompt_window!r}")
         self.prompt_window = prompt_window
         self.min_confidence = float(min_confidence)
@@ -168,10 +170,13 @@ class EagleSession:
         self._append_tokens(prompt_ids, "prompt_ids")
         if not self.tokens:
             raise BanditSpecValidationError("prompt_ids", "must hold at least one token")
-        self.num_features = 0  # positions 0 .. num_features-1 have a real feature f_i
+        # The head reads positions from first_feature on (the prompt's window; rope is relative,
+        # so it sees them as the end of a longer context); earlier rows are dropped on arrival.
+        self.first_feature = first_feature(len(self.tokens), drafter.prompt_window)
+        self.num_features = self.first_feature  # positions first_feature .. num_features-1 have f_i
         self.pending: list[torch.Tensor] = []  # features of positions committed .. num_features-1
-        self.cache_k, self.cache_v = drafter.head.empty_cache()  # real pairs 0 .. committed-1
-        self.committed = 0
+        self.cache_k, self.cache_v = drafter.head.empty_cache()  # real pairs first_feature .. committed-1
+        self.committed = self.first_feature
         self._last_predicted: torch.Tensor | None = None  # f^ after the last real pair
         self.closed = False
 
@@ -224,8 +229,8 @@ class EagleSession:
     # --- internals -------------------------------------------------------------------
     @property
     def can_draft(self) -> bool:
-        """Features of every position but the last: f_0 .. f_{n-2} with n tokens."""
-        return self.num_features >= 1 and self.num_features == len(self.tokens) - 1
+        """Features of every position but the last: f_first .. f_{n-2} with n tokens."""
+        return self.num_features > self.first_feature and self.num_features == len(self.tokens) - 1
 
     def _append_tokens(self, ids: Sequence[int] | np.ndarray, field: str) -> None:
         values = [int(t) for t in ids]
@@ -239,14 +244,7 @@ class EagleSession:
         head, emb_matrix = self.drafter.head, self.drafter.embedding
         if self.pending:
             features = torch.cat(self.pending).unsqueeze(0)  # [1, T, H]
-            first = self.committed
-            window = self.drafter.prompt_window
-            if first == 0 and window is not None and features.shape[1] > window:
-                # The first call: only the latest ``window`` pairs (rope is relative, so the
-                # head sees them as it would at the end of a longer context).
-                first = features.shape[1] - window
-                features = features[:, first:]
-            next_tokens = torch.tensor(self.tokens[first + 1: self.num_features + 1])
+            next_tokens = torch.tensor(self.tokens[self.committed + 1: self.num_features + 1])
             predicted, self.cache_k, self.cache_v = head.step(
                 emb_matrix[next_tokens].unsqueeze(0), self.drafter.real_input(features),
                 self.cache_k, self.cache_v)

@@ -90,12 +90,16 @@ class RemoteEagleDrafter:
     name = "eagle"
     needs_hidden_states = True
 
-    def __init__(self, infer: InferFn, *, model_name: str = "eagle", feature_layers: Sequence[int] = ()):
+    def __init__(self, infer: InferFn, *, model_name: str = "eagle", feature_layers: Sequence[int] = (),
+                 prompt_window: int | None = None):
         """feature_layers: the target states the head reads (VerifyRequest.hidden_layers;
-        () = the last post-norm state), as the served head's JSON says."""
+        () = the last post-norm state), as the served head's JSON says; prompt_window: the
+        served head's window on the prompt (None: it reads the whole prompt), so that the
+        target is asked for those positions' states only and only they travel over BLS."""
         self.infer = infer
         self.model_name = model_name
         self.feature_layers: tuple[int, ...] = tuple(int(a) for a in feature_layers)
+        self.prompt_window = prompt_window
 
     def start(self, prompt_ids: Sequence[int]) -> RemoteEagleSession:
         return RemoteEagleSession(self, prompt_ids)

@@ -157,7 +157,9 @@ def _eagle(tokenizer: Any, target_model: Any, load_target_model: Callable[[], An
         if problem is not None:  # e.g. the tiny test model
             log.warning("eagle arm not served: %s", problem)
             return None
-        return RemoteEagleDrafter(infer, model_name=eagle_model, feature_layers=eagle.head_feature_layers(weights))
+        # the eagle model loads its head with the default window (model_repository/eagle)
+        return RemoteEagleDrafter(infer, model_name=eagle_model, feature_layers=eagle.head_feature_layers(weights),
+                                  prompt_window=eagle.DEFAULT_PROMPT_WINDOW)
     if eagle_engine:
         return None  # a TensorRT-LLM target returns no hidden states to draft from here
     if target_model is None and load_target_model is not None:
