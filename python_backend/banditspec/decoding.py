@@ -108,8 +108,8 @@ class DecodingSession:
             self._hidden_layers = tuple(getattr(hungry[0], "feature_layers", ()))
             # A head with a window on the prompt reads only its latest positions: the first
             # step asks for those states alone (and a cached prefix is reused up to them).
-            windows = [getattr(d, "prompt_window", None) for d in hungry]
-            if None not in windows:
+            windows: list[int] = [w for d in hungry if (w := getattr(d, "prompt_window", None)) is not None]
+            if len(windows) == len(hungry):
                 self._hidden_from = first_feature(len(self._prompt), max(windows))
 
     # -- the step protocol -------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The prefix cache serves the target's states (Eagle's features) with the real SmolLM2.
 
 Two code prompts share a 48-token template prefix (system turn + instructions). A request
-asking for states from position 0, as the decoder's first step does whenever Eagle is in
-the arm set, feeds only what follows the cached prefix, and gets the states, tokens and
+asking for states from position 0 (or from Eagle's window on the prompt, as the decoder's
+first step does whenever Eagle is in the arm set) feeds only what follows the cached prefix, and gets the states, tokens and
 rollback of the same request on a cleared cache: bitwise with the "fast" (panel) kernels,
 to float rounding with the "transformers" ones.
 """
@@ -15,6 +15,8 @@ import pytest
 from banditspec.config import GenerationRequest
 from banditspec.datasets import humaneval_problems
 from banditspec.decoding import run_to_completion
+from banditspec.drafters.base import first_feature
+from banditspec.drafters.eagle import DEFAULT_PROMPT_WINDOW
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.prefix_cache import common_prefix_length
 from banditspec.engine.reference import ReferenceEngine
@@ -166,5 +168,6 @@ def test_the_default_arms_reuse_a_prompt_prefix_they_share(smollm2_stack):
     result = run_to_completion(recording, decoder.start(GenerationRequest(second, 12)))
     assert result.token_ids == plain
     (request,), positions = recording.calls[0]
-    assert request.hidden_from == 0  # Eagle is in the arm set: its features from position 0
+    # Eagle is in the arm set: its features from the start of its window on the prompt
+    assert request.hidden_from == first_feature(len(second), DEFAULT_PROMPT_WINDOW) > 0
     assert positions == len(second) - shared + len(request.draft_ids)
