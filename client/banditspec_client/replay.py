@@ -5,10 +5,12 @@
    cheap drafter's proposal (:mod:`banditspec.replay`).
 2. Replay, per cost model of the platform and per workload: plain decoding, every fixed
    arm at every gamma, the per-prompt oracle (best fixed arm per prompt in hindsight),
-   the per-step oracle (best choice at every step), ucbspec, exp3spec and costaware.
+   the per-step oracle (best choice at every step), ucbspec, exp3spec and costaware (and
+   ``costaware/k-only``: the same controller pricing rounds by k alone, without context).
    Time comes from the cost model: ``steep`` (the CPU engine before its fast kernels),
-   ``flat`` (a GPU-like curve), ``measured`` (``bench-engine``'s fast-kernel curve) or a
-   JSON file with a list of ratios.
+   ``flat`` (a GPU-like curve), ``measured`` (``bench-engine``'s fast-kernel curve at one
+   context), ``surface`` (``bench-engine --contexts``: verify cost by k AND context, the
+   fast kernels' real shape) or a JSON file with a list of ratios.
 
 Prompts: the project's workloads (``--workloads``), or a user's own JSONL file of
 ``{"kind": ..., "prompt": ...}`` lines (``--prompts-file``). Outputs a table (markdown),
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +32,9 @@ from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 STEEP = [1.00, 1.54, 1.77, 1.79, 1.98, 2.10, 2.21, 2.26, 2.31]  # the fp32 engine before fast kernels
 FLAT = [1.00, 1.02, 1.04, 1.06, 1.08, 1.10, 1.12, 1.14, 1.16]  # GPU-like
 ENGINE_JSON = Path("docs/benchmarks/engine/engine_cost.json")
+SURFACE_JSON = Path("docs/benchmarks/engine/engine_surface.json")  # bench-engine --contexts
 ADAPTIVE = ("costaware", "ucbspec", "exp3spec")
+K_ONLY = "costaware/k-only"  # costaware pricing rounds by k alone (no context): what context pricing adds
 COSTLY = ("eagle",)  # drafters that propose only when chosen (bandit feedback, a cost per call)
 EAGLE_COST = "0.027,0.091"
 
@@ -47,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eagle-cost", default=EAGLE_COST,
                         help="Eagle's drafting cost as CALL,TOKEN in units of a one-token verify (default: int8 "
                              "head, measured: 1.1 ms a call + 3.7 ms a drafted token against a 40.7 ms verify)")
-    parser.add_argument("--costs", default="steep,flat,measured", help="cost models: steep, flat, measured, or FILE.json")
+    parser.add_argument("--costs", default="steep,flat,measured,surface",
+                        help="cost models: steep, flat, measured, surface (by k and context), or FILE.json")
     parser.add_argument("--batch", type=int, default=8, help="sequences per forward while recording")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
@@ -218,29 +224,41 @@ def _cost_model(ratios: list[float], max_tokens: int):
     return CostModel.fixed(full)
 
 
+def _surface_model(max_tokens: int):
+    """The measured verify-cost surface (seconds by context and k) as a cost model."""
+    from banditspec.bandits.cost_model import CostModel
+
+    data = json.loads(SURFACE_JSON.read_text())
+    table = {int(c): {int(k): ms / 1e3 for k, ms in row.items()} for c, row in data["verify_ms"].items()}
+    return CostModel.from_table(table, max_tokens)
+
+
 def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters: list[str],
              costly_relative: dict[str, tuple[float, float]] | None = None) -> dict:
     """``costly_relative``: costly drafter -> (per call, per drafted token) in units of a
     one-token verify of each cost model."""
     from tqdm import tqdm
 
+    from banditspec.bandits.cost_model import CostModel
     from banditspec.replay import per_step_oracle_seconds, replay_policy
 
     fixed = [f"fixed:{d}@{g}" for d in drafters for g in range(1, max_draft_len + 1)]
-    methods = ["vanilla", *fixed, *ADAPTIVE]
+    methods = ["vanilla", *fixed, *ADAPTIVE, K_ONLY]
     results: dict = {}
     for cost in costs:
-        platform = _cost_model(_curve(cost), 17)
+        platform = _surface_model(17) if cost == "surface" else _cost_model(_curve(cost), 17)
         curve = platform.curve()
         costly = {d: (c * float(curve[1]), t * float(curve[1])) for d, (c, t) in (costly_relative or {}).items()
                   if d in drafters}
         per_method = {}
         for method in tqdm(methods, desc=f"replay ({cost})"):
-            per_method[method] = replay_policy(traces, method, drafters, platform, max_draft_len=max_draft_len,
-                                               eos_id=eos_id, costly=costly)["rows"]
+            own = CostModel(max(17, max_draft_len + 1), min_spread=math.inf) if method == K_ONLY else None
+            per_method[method] = replay_policy(traces, "costaware" if method == K_ONLY else method, drafters, platform,
+                                               max_draft_len=max_draft_len, eos_id=eos_id, costly=costly,
+                                               cost_model=own)["rows"]
         oracle_step = []
         for trace, row in zip(traces, per_method["vanilla"]):
-            oracle_step.append(per_step_oracle_seconds(trace, curve, max_draft_len, drafters, n=row["tokens"] + (1 if trace.target[-1] == eos_id else 0),
+            oracle_step.append(per_step_oracle_seconds(trace, platform, max_draft_len, drafters, n=row["tokens"] + (1 if trace.target[-1] == eos_id else 0),
                                                        draft_seconds=costly))
         results[cost] = {"methods": per_method, "per_step_oracle": oracle_step, "curve": platform.relative()[:9]}
     return results
@@ -280,7 +298,7 @@ def _markdown(summary: dict, args, n_traces: int, results: dict) -> str:
     for cost, per_workload in summary.items():
         curve = results[cost]["curve"]
         lines += [f"### cost model `{cost}`: verify(k)/verify(1) for k = 1..9: {', '.join(f'{c:.2f}' for c in curve)}", ""]
-        cols = ["costaware", "ucbspec", "exp3spec", "best fixed", "oracle/prompt", "oracle/step"]
+        cols = ["costaware", K_ONLY, "ucbspec", "exp3spec", "best fixed", "oracle/prompt", "oracle/step"]
         lines += ["| workload | " + " | ".join(cols) + " | costaware / best fixed | costaware / oracle per prompt |",
                   "|---|" + "---|" * (len(cols) + 2)]
         for workload, table in per_workload.items():
@@ -329,9 +347,10 @@ def run(args) -> int:
     traces, tokenizer = record(args, prompts)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     costs = [c.strip() for c in args.costs.split(",") if c.strip()]
-    if "measured" in costs and not ENGINE_JSON.exists():
-        print(f"no {ENGINE_JSON} (run banditspec bench-engine): skipping the measured cost model")
-        costs.remove("measured")
+    for name, path in (("measured", ENGINE_JSON), ("surface", SURFACE_JSON)):
+        if name in costs and not path.exists():
+            print(f"no {path} (run banditspec bench-engine): skipping the {name} cost model")
+            costs.remove(name)
     call, token = (float(x) for x in args.eagle_cost.split(","))
     results = evaluate(traces, int(tokenizer.eos_token_id), costs, args.max_draft_len, drafters,
                        {d: (call, token) for d in drafters if d in COSTLY})
@@ -365,7 +384,7 @@ def _decode_rate(step_seconds: list[float], accepted: list[int]) -> tuple[int, f
 def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
     """Decode the first ``--wallclock`` prompts of each workload for real with each method,
     then replay the same prompts and methods with the live engine's cost model (its
-    calibrated verify curve and per-step overhead, in seconds), and compare tokens/s after
+    calibrated verify surface and per-step overhead, in seconds), and compare tokens/s after
     the first step: predicted / measured per workload and method, and the speed-ups over
     plain decoding both ways. Outputs must equal the recorded greedy output."""
     import time
@@ -373,7 +392,6 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
     import torch
     from tqdm import tqdm
 
-    from banditspec.bandits.cost_model import CostModel
     from banditspec.config import GenerationRequest
     from banditspec.decoding import run_to_completion
     from banditspec.decoder import SpeculativeDecoder
@@ -415,8 +433,9 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
             if method == "costaware" or live is None:
                 live = decoder.cost_model
     wall_minutes = (time.perf_counter() - started) / 60
-    curve = live.curve()  # seconds per round feeding k tokens, per-step overhead included
-    platform = CostModel.fixed([float(c) / float(curve[1]) for c in curve[1:]], one_token_seconds=float(curve[1]))
+    # The live model is the platform: seconds per round by k and context, overhead included.
+    curve = live.curve()
+    platform = live
     predicted: dict[str, list[dict]] = {}
     for method in methods:
         rows = replay_policy(subset, method, arms, platform, max_draft_len=args.max_draft_len, eos_id=eos,

@@ -75,7 +75,7 @@ class CostAwareRounds:
             self._open.append((drafter_name, bucket, position, draft.token_ids.tolist(), 0))
             candidates.append(Candidate(drafter_name, len(draft), bucket))
         candidates += costly
-        choice = controller.choose(candidates, limit)
+        choice = controller.choose(candidates, limit, position)
         if choice.drafter is None:
             return None, Draft()
         index = next(i for i in available if arms[i].drafter == choice.drafter)
@@ -94,7 +94,7 @@ class CostAwareRounds:
             # decoded plainly. The round then takes the best cheap proposal.
             controller.record(choice.drafter, 0, 1, 0, 1)
         if draft is None or produced == 0:
-            fallback = controller.choose([c for c in candidates if not c.costly], limit)
+            fallback = controller.choose([c for c in candidates if not c.costly], limit, position)
             if fallback.drafter is None:
                 return None, Draft()
             index = next(i for i in available if arms[i].drafter == fallback.drafter)

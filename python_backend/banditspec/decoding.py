@@ -162,6 +162,7 @@ class DecodingSession:
         if self._pending is None:
             raise RuntimeError("apply() without a pending next_verify()")
         arm_index, gamma, truncated, start = self._pending
+        context = len(self._sequence)  # tokens before the round's (what the call attends to)
         verify_seconds = self._clock() - self._verify_started
         first_step = not self.stats.steps
         self._pending = None
@@ -185,7 +186,7 @@ class DecodingSession:
         elapsed = self._clock() - start
         self._decoder.budget.record_step(gamma, len(output), elapsed)
         if not first_step:  # the first step also prefills the prompt: not a round's cost
-            self._cost_model.observe(1 + gamma, verify_seconds)
+            self._cost_model.observe(1 + gamma, verify_seconds, context)
             self._cost_model.observe_overhead(max(0.0, elapsed - verify_seconds))
         if self._rounds is not None:
             self._rounds.score(self._sequence, final=self.finished)

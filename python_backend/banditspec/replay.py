@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from banditspec.bandits.cost_model import CostModel
+from banditspec.bandits.cost_model import CostModel, calibration_plan
 from banditspec.drafters.base import Draft
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 
@@ -109,8 +109,8 @@ class VirtualClock:
 
 class ReplayEngine:
     """Verifies drafts against the recorded greedy tokens; each call advances the clock
-    by the platform's cost of a round feeding 1 + gamma tokens (prefill: by the prompt's
-    tokens at the one-token rate ``prefill_per_token`` x cost(1))."""
+    by the platform's cost of a round feeding 1 + gamma tokens after the request's context
+    (prefill: by the prompt's tokens at the one-token rate ``prefill_per_token`` x cost(1))."""
 
     provides_hidden_states = False
 
@@ -119,7 +119,9 @@ class ReplayEngine:
                  prefill_per_token: float = 0.02):
         self._by_prompt = {tuple(t.prompt_ids): t for t in traces}
         self._lengths = sorted({len(t.prompt_ids) for t in traces}, reverse=True)
+        self._platform = platform
         self._curve = platform.curve()
+        self._curves: dict[int, np.ndarray] = {}  # context -> the platform's curve there
         self._clock = clock
         self.eos_id, self.vocab_size, self.max_context = eos_id, vocab_size, max_context
         self._prefill = prefill_per_token
@@ -153,7 +155,11 @@ class ReplayEngine:
                 raise RuntimeError("the replay ran past the recorded output (max_tokens must not exceed it)")
             output = draft[:accepted] + [target[position + accepted]]
             k = min(1 + len(draft), len(self._curve) - 1)
-            seconds = self._curve[k]
+            context = len(request.input_ids)
+            curve = self._curves.get(context)
+            if curve is None:
+                curve = self._curves[context] = self._platform.curve(context)
+            seconds = curve[k]
             key = tuple(trace.prompt_ids)
             if key not in self._seen:  # first call of a request: the prompt's prefill
                 self._seen.add(key)
@@ -210,18 +216,20 @@ class _ReplaySession:
         return None
 
 
-def per_step_oracle_seconds(trace: Trace, curve: np.ndarray, max_len: int, drafters: Sequence[str],
+def per_step_oracle_seconds(trace: Trace, platform: CostModel | np.ndarray, max_len: int, drafters: Sequence[str],
                             n: int | None = None, draft_seconds: dict[str, tuple[float, float]] | None = None) -> float:
     """The fastest way to produce the first ``n`` target tokens in hindsight: the best
     choice (plain, or a drafter and gamma) at every step, by dynamic programming over
     positions; decode cost only (no prefill). A step at position i drafting gamma tokens
-    of which a are accepted produces a + 1 tokens and costs curve[1 + gamma] (plus, for a
-    drafter in ``draft_seconds``, its per-call and per-token drafting cost)."""
+    of which a are accepted produces a + 1 tokens and costs curve[1 + gamma] at that
+    step's context (``platform``: a cost model, or one curve for every context; plus, for
+    a drafter in ``draft_seconds``, its per-call and per-token drafting cost)."""
     draft_seconds = draft_seconds or {}
     n = len(trace.target) if n is None else n
     best = np.full(n + 1, np.inf)
     best[n] = 0.0
     for i in range(n - 1, -1, -1):
+        curve = platform.curve(len(trace.prompt_ids) + i) if isinstance(platform, CostModel) else platform
         value = curve[1] + best[i + 1]
         for name in drafters:
             proposal = trace.proposals[name][i]
@@ -237,11 +245,24 @@ def per_step_oracle_seconds(trace: Trace, curve: np.ndarray, max_len: int, draft
     return float(best[0])
 
 
+def calibrate_from(model: CostModel, platform: CostModel, reps: int = 3, max_tokens: int = 9) -> None:
+    """Seed ``model`` as serving seeds it when the target loads (``calibrate_cost_model``,
+    :func:`~banditspec.bandits.cost_model.calibration_plan`), with the platform's costs."""
+    for context, ks in calibration_plan(min(max_tokens, model.max_tokens, platform.max_tokens)):
+        curve = platform.curve(context + 1)
+        for _ in range(reps):
+            for k in ks:
+                model.observe(k, float(curve[k]), context + 1)
+    model.calibrated = True
+
+
 def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], platform: CostModel, *,
-                  max_draft_len: int, eos_id: int, make_decoder: Callable | None = None,
+                  max_draft_len: int, eos_id: int, cost_model: CostModel | None = None,
                   costly: dict[str, tuple[float, float]] | None = None) -> dict:
     """Run ``policy`` over the traces in order (one server: shared statistics carry over);
     returns per-trace decode seconds (prefill excluded), steps, tokens and identity.
+    ``cost_model``: the controller's own model (default: a fresh one), calibrated from the
+    platform as serving calibrates it when the target loads, then learning online.
     ``costly``: drafter -> (per call, per drafted token) in seconds, for the drafters that
     propose only when chosen (Eagle)."""
     costly = costly or {}
@@ -257,8 +278,9 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
     decoder = SpeculativeDecoder(
         drafters=drafters, vocab_size=engine.vocab_size, max_context=engine.max_context, eos_id=eos_id,
         default_arms=list(arms), limits=Limits(max_tokens=1 << 20, max_prompt_tokens=1 << 20),
-        drafter_deadline_s=None, clock=clock,
+        drafter_deadline_s=None, clock=clock, cost_model=cost_model,
     )
+    calibrate_from(decoder.cost_model, platform)
     rows = []
     for trace in traces:
         ends_with_eos = bool(trace.target) and trace.target[-1] == eos_id

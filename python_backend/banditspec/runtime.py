@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from banditspec.bandits.cost_model import CALIBRATION_CONTEXTS, calibration_plan
 from banditspec.config import Limits
 from banditspec.decoder import SpeculativeDecoder
 from banditspec.drafters.registry import build_drafters
@@ -18,31 +19,34 @@ DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")
 
 
 def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int = 9, reps: int = 3,
-                         cached: int = 256, seed: int = 0) -> None:
-    """Seed the decoder's cost model with timed verify calls of the in-process engine:
-    ``reps`` x k = 1..max_tokens new tokens after ``cached`` cached tokens (~1-3 s)."""
+                         contexts: Sequence[int] = CALIBRATION_CONTEXTS, seed: int = 0) -> None:
+    """Seed the decoder's cost model with ``reps`` timed verify calls of the engine per
+    (context, k) of :func:`~banditspec.bandits.cost_model.calibration_plan`, so that the
+    model prices k and context from the start (~2-4 s)."""
     import numpy as np
 
     from banditspec.engine.contract import VerifyRequest
 
     rng = np.random.default_rng(seed)
-    prefix = rng.integers(100, min(20000, engine.vocab_size), size=cached).astype(np.int32)
-    engine.verify([VerifyRequest(prefix, np.zeros(0, np.int32))])  # caches the prefix
-
-    def timed(k: int) -> float:
-        tail = rng.integers(100, min(20000, engine.vocab_size), size=k).astype(np.int32)
-        start = decoder.clock()
-        engine.verify([VerifyRequest(np.concatenate([prefix, tail[:1]]), tail[1:])])
-        return decoder.clock() - start
-
     model = decoder.cost_model
     top = min(max_tokens, model.max_tokens)
-    for _ in range(reps):
-        for k in range(1, top + 1):
-            model.observe(k, timed(k))
+    for cached, ks in calibration_plan(top, contexts):
+        cached = max(1, min(cached, int(getattr(engine, "max_context", 1 << 20)) - top - 1))
+        prefix = rng.integers(100, min(20000, engine.vocab_size), size=cached).astype(np.int32)
+        engine.verify([VerifyRequest(prefix, np.zeros(0, np.int32))])  # caches the prefix
+
+        def timed(k: int, prefix: np.ndarray = prefix) -> float:
+            tail = rng.integers(100, min(20000, engine.vocab_size), size=k).astype(np.int32)
+            start = decoder.clock()
+            engine.verify([VerifyRequest(np.concatenate([prefix, tail[:1]]), tail[1:])])
+            return decoder.clock() - start
+
+        for _ in range(reps):
+            for k in ks:
+                model.observe(k, timed(k), cached + 1)
+        if hasattr(engine, "clear"):  # an engine reached through Triton evicts on its own
+            engine.clear()
     model.calibrated = True
-    if hasattr(engine, "clear"):  # an engine reached through Triton evicts on its own
-        engine.clear()
 
 
 @dataclass

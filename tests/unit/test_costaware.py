@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from banditspec.bandits.cost_model import CostModel, calibrate
+from banditspec.bandits.cost_model import CostModel, calibrate, calibration_plan
 from banditspec.drafters.base import Draft
 from banditspec.bandits.costaware import Candidate, CostAwarePolicy, HazardCounts, SharedAcceptance
 from banditspec.gamma_controller import make_gamma_budget
@@ -23,8 +23,10 @@ PROMPT = [3, 4, 5, 6, 7]
 class TimedEngine:
     """A MockEngine whose calls advance a virtual clock by a cost curve (seconds per k fed)."""
 
-    def __init__(self, engine: MockEngine, clock: VirtualClock, relative: list[float], one: float = 0.05):
+    def __init__(self, engine: MockEngine, clock: VirtualClock, relative: list[float], one: float = 0.05,
+                 per_context: float = 0.0):
         self.engine, self.clock, self.relative, self.one = engine, clock, relative, one
+        self.per_context = per_context  # seconds each token of context adds to a call
         self.vocab_size, self.max_context, self.eos_id = engine.vocab_size, engine.max_context, engine.eos_id
         self.provides_hidden_states = False
         self.fed: list[int] = []
@@ -33,7 +35,8 @@ class TimedEngine:
         for request in requests:
             k = 1 + len(request.draft_ids)
             self.fed.append(k)
-            self.clock.advance(self.one * self.relative[min(k, len(self.relative)) - 1])
+            self.clock.advance(self.one * self.relative[min(k, len(self.relative)) - 1]
+                               + self.per_context * len(request.input_ids))
         return self.engine.verify(requests)
 
 
@@ -75,6 +78,71 @@ def test_cost_model_prior_until_observed_and_calibration():
     assert model.calibrated
     assert model.verify_seconds(4) == pytest.approx(0.024)
     assert model.as_dict()["observations"] == [3] * 5
+
+
+def surface(k: int, context: int) -> float:
+    """A CPU-like verify cost: 40 ms + 20 us per context token, each extra token fed
+    2 ms + 5 us per context token."""
+    return 0.040 + 2e-5 * context + (k - 1) * (0.002 + 5e-6 * context)
+
+
+def test_cost_model_prices_context_once_the_contexts_spread():
+    rng = np.random.default_rng(0)
+    model = CostModel(5)
+    for _ in range(4):
+        for context in (100, 700, 1300):
+            for k in range(1, 6):
+                model.observe(k, surface(k, context) * rng.uniform(0.99, 1.01), context)
+    model.observe(3, 9.0, 700)  # an outlier does not move the cell's median
+    for context in (100, 400, 700, 1300, 1600):  # inside and beyond the observed contexts
+        assert model.curve(context)[1:].tolist() == pytest.approx([surface(k, context) for k in range(1, 6)], rel=0.02)
+    assert model.reference_context() == pytest.approx(700, abs=1)
+    assert model.curve().tolist() == model.curve(700).tolist()  # no context: the reference one
+    report = model.as_dict()
+    assert report["context_ms_per_100"] == pytest.approx([2.0, 0.5], rel=0.1)
+    assert report["observations"] == [12, 12, 13, 12, 12]
+    # a long draft costs relatively more on a long context: the ratio the controller reads
+    assert model.relative(1300)[4] > model.relative(100)[4] + 0.1
+
+
+def test_cost_model_does_not_price_context_it_has_not_seen_vary_or_that_comes_out_negative():
+    narrow = CostModel(3)
+    for context in (300, 310, 320):  # 10 tokens apart: a slope would be noise
+        for k in (1, 2, 3):
+            narrow.observe(k, surface(k, context) * (1.05 if context == 320 else 1.0), context)
+    assert narrow.curve(0).tolist() == narrow.curve(2000).tolist()
+    assert narrow.as_dict()["context_ms_per_100"] == [0.0, 0.0]
+    falling = CostModel(3, min_observations=1)  # noise that makes a long context look cheaper
+    for context, scale in ((100, 1.2), (900, 1.0)):
+        for k in (1, 2, 3):
+            falling.observe(k, 0.05 * (1 + 0.1 * (k - 1)) * scale, context)
+    assert falling.curve(100).tolist() == falling.curve(900).tolist()
+    assert all(np.diff(falling.curve(5000)[1:]) >= 0)
+    # one k only: what context adds is one slope (no per-extra-token term to identify)
+    single = CostModel(3, min_observations=1)
+    for context in (100, 900):
+        single.observe(1, surface(1, context), context)
+    assert single.verify_seconds(1, 500) == pytest.approx(surface(1, 500))
+    assert single.as_dict()["context_ms_per_100"][1] == 0.0
+    with pytest.raises(Exception, match="context_bucket"):
+        CostModel(3, context_bucket=0)
+    # what is timed when the target loads: every k at one context, three at the other
+    assert calibration_plan(9) == [(64, list(range(1, 10))), (512, [1, 5, 9])]
+    assert calibration_plan(2, (10, 20, 30)) == [(10, [1, 2]), (20, [1, 2]), (30, [1, 2])]
+
+
+def test_a_known_surface_from_a_table_and_the_controller_drafts_shorter_on_a_long_context():
+    table = {c: {k: surface(k, c) for k in (1, 2, 3, 5)} for c in (64, 1024)}
+    model = CostModel.from_table(table)
+    assert model.calibrated and model.verify_seconds(5, 64) == pytest.approx(surface(5, 64))
+    assert model.verify_seconds(4, 64) == pytest.approx(surface(4, 64))  # between measured k: the line
+    assert model.verify_seconds(5, 1024) == pytest.approx(surface(5, 1024))
+    policy = CostAwarePolicy(["d"], 4, model, None)
+    for _ in range(60):  # right 70 % at each position: P(accepted >= j) = 0.7^j
+        for accepted in (4, 4, 4, 2, 1, 0) if _ % 2 else (4, 3, 3, 2, 1, 0):
+            policy.record("d", 0, 4, accepted, 4)
+    short, long = (policy.choose([Candidate("d", 4)], 4, context) for context in (64, 3000))
+    assert short.gamma > long.gamma >= 0
 
 
 # --- decisions ----------------------------------------------------------------------------
@@ -191,6 +259,24 @@ def test_costaware_stats_report_the_cost_model():
     run_to_completion(engine, session)
     stats = session.controller_stats()
     assert stats["policy"] == "costaware" and stats["cost_model"]["relative"][:3] == pytest.approx(FLAT[:3], abs=1e-3)
+
+
+def test_the_decoding_loop_prices_each_round_at_its_context():
+    """The loop reports each round's verify time with its context (the tokens before it):
+    requests on short and long prompts teach the server's model what context costs."""
+    clock = VirtualClock()
+    engine = TimedEngine(MockEngine(max_context=2048), clock, FLAT, per_context=2e-5)
+    decoder = SpeculativeDecoder(drafters={"right": ScriptedDrafter("right", oracle(engine.engine))},
+                                 vocab_size=engine.vocab_size, max_context=engine.max_context, eos_id=engine.eos_id,
+                                 drafter_deadline_s=None, clock=clock)
+    for length in (5, 400, 900, 5, 400, 900):
+        prompt = [3 + i % 40 for i in range(length)]
+        run_to_completion(engine, decoder.start(GenerationRequest(prompt_ids=prompt, max_tokens=40, arms=["right"],
+                                                                  max_draft_len=4)))
+    model = decoder.cost_model.as_dict()
+    assert model["context_ms_per_100"][0] == pytest.approx(2.0, rel=0.05)  # 2e-5 s a token
+    assert decoder.cost_model.verify_seconds(1, 900) - decoder.cost_model.verify_seconds(1, 5) == pytest.approx(
+        895 * 2e-5, rel=0.05)
 
 
 # --- defects of the paper-faithful policies -------------------------------------------------

@@ -45,9 +45,12 @@ class Harness:
         self.recorded = 0  # controller.record calls (one per open proposal scored)
         choose, record = self.controller.choose, self.controller.record
 
-        def spy_choose(candidates, cap):
+        self.contexts: list[int | None] = []  # the context each choice was priced at
+
+        def spy_choose(candidates, cap, context=None):
             self.candidates.append(list(candidates))
-            return choose(candidates, cap)
+            self.contexts.append(context)
+            return choose(candidates, cap, context)
 
         def spy_record(*args):
             self.recorded += 1
@@ -82,6 +85,7 @@ def test_agreement_is_on_the_next_token_only():
     buckets = {c.drafter: c.bucket for c in h.candidates[0]}
     assert buckets == {"a": context_bucket(0, agreed=True), "b": context_bucket(0, agreed=True),
                        "c": context_bucket(0, agreed=False)}
+    assert h.contexts == [2]  # the round is priced at its context: the tokens before it
 
 
 def test_full_information_scoring_with_a_real_vocabularys_token_ids():

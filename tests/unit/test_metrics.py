@@ -153,6 +153,10 @@ def test_prometheus_moves_with_steps_requests_and_active_sequences():
     assert factory.series("nv_banditspec_requests", outcome="success").value == 1
     assert factory.series("nv_banditspec_drafter_failures", drafter="fault_raise", kind="error").value == 1
     assert factory.series("nv_banditspec_active_sequences").value == 2
+    prom.set_cost_curve([50.0, 55.0], [2.0, 0.5])  # ms; ms per 100 context tokens
+    assert factory.series("nv_banditspec_verify_cost_seconds", tokens="2").value == pytest.approx(0.055)
+    assert factory.series("nv_banditspec_verify_cost_context_seconds", term="round").value == pytest.approx(2e-5)
+    assert factory.series("nv_banditspec_verify_cost_context_seconds", term="extra_token").value == pytest.approx(5e-6)
     with pytest.raises(BanditSpecValidationError, match="^max_draft_len"):
         PrometheusMetrics(FakeFactory(), max_draft_len=0)
     with pytest.raises(BanditSpecValidationError, match="^model"):

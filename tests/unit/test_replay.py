@@ -72,6 +72,25 @@ def test_the_per_step_oracle_finds_the_cheapest_path_in_hindsight():
     assert per_step_oracle_seconds(trace, curve, 4, ["d"], draft_seconds={"d": (5.0, 0.0)}) == pytest.approx(4.0)
 
 
+def test_a_surface_platform_charges_each_round_at_its_context():
+    """On a platform whose verify cost grows with context (the CPU engine's), each round is
+    charged at the request's context then, and so is the per-step oracle's every step."""
+    traces, _ = traces_for(PROMPTS, right=oracle, wrong=always_wrong)
+    table = {c: {k: ONE * CURVE[k - 1] + 1e-4 * c for k in range(1, len(CURVE) + 1)} for c in (0, 1000)}
+    platform = CostModel.from_table(table)
+    result = replay_policy(traces, "fixed:right@4", ["right"], platform, max_draft_len=4, eos_id=EOS)
+    for trace, row in zip(traces, result["rows"]):
+        context, expected = len(trace.prompt_ids), 0.0
+        for drafted, accepted in zip(row["drafted"], row["accepted"]):
+            expected += ONE * CURVE[drafted] + 1e-4 * context
+            context += accepted + 1
+        assert row["identical"] and row["seconds"] == pytest.approx(expected)
+    trace = Trace("code", [1, 2], [5, 6, 7, 8], {"d": [[9], [9], [9], [9]]}, {"d": [0, 0, 0, 0]})
+    flat = CostModel.from_table({0: {1: 1.0, 2: 2.0}, 1000: {1: 2.0, 2: 3.0}})  # + 1 ms a context token
+    # never right: plain decoding at contexts 2, 3, 4, 5
+    assert per_step_oracle_seconds(trace, flat, 4, ["d"]) == pytest.approx(sum(1.0 + c / 1000 for c in (2, 3, 4, 5)))
+
+
 class FeatureSession:
     """A drafter session that needs the target's states: it proposes the token after the
     last one observed only when it has a state row for every position but the last."""

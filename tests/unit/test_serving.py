@@ -269,7 +269,7 @@ def test_the_cost_model_is_calibrated_once_before_the_first_request_decodes():
 
     def calibrate():
         order.append(("calibrate", engine.calls))
-        calibrate_cost_model(decoder, engine, max_tokens=5, reps=3, cached=16)
+        calibrate_cost_model(decoder, engine, max_tokens=5, reps=3, contexts=(16, 200))
 
     controller = Controller(decoder, engine, ByteTokenizer(), ServingDefaults(), calibrate=calibrate)
     assert not decoder.cost_model.calibrated

@@ -17,6 +17,11 @@ variants interleaved within every repetition, so machine noise hits them alike):
 
 Writes ``engine_cost.md`` (table), ``engine_cost.json`` and ``engine_cost.png`` into
 ``--out``. Threads: ``--threads`` (the issue's figures use 1).
+
+``--contexts 64,300,700,1024`` measures instead the verify-cost SURFACE of the first
+kernel set: verify(k) after each number of cached tokens (attention reads every cached
+position for every token fed, so the curve steepens with context), into
+``engine_surface.{md,json,png}``; ``banditspec replay --costs surface`` replays on it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", default="fast,transformers", help="engine kernel sets to compare")
     parser.add_argument("--ks", default=DEFAULT_KS, help="new tokens per verify call")
     parser.add_argument("--cached", type=int, default=300, help="tokens already in the prefix cache")
+    parser.add_argument("--contexts", default=None,
+                        help="comma-separated cached-token counts: measure the verify-cost surface instead")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
@@ -45,12 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/engine"))
 
 
-def _engine(model_name: str, kernels: str):
+def _engine(model_name: str, kernels: str, cache_entries: int = 8):
     from banditspec.engine.models import load_model
     from banditspec.engine.reference import ReferenceEngine
 
     model, _ = load_model(model_name)  # a fresh copy per engine: kernels re-lay weights
-    return ReferenceEngine(model, max_context=2048, kernels=kernels)
+    return ReferenceEngine(model, max_context=2048, kernels=kernels, cache_entries=cache_entries)
 
 
 def _verify_once(engine, prefix: np.ndarray, k: int, rng: np.random.Generator) -> float:
@@ -134,6 +141,11 @@ def run(args) -> int:
     kernel_sets = [k.strip() for k in args.kernels.split(",") if k.strip()]
     ks = [int(k) for k in args.ks.split(",")]
     rng = np.random.default_rng(args.seed)
+    if args.contexts:
+        contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
+        # every (context, k) call leaves an entry: room for all, so no prefix is evicted
+        engine = _engine(args.model, kernel_sets[0], cache_entries=len(contexts) * (len(ks) + 2))
+        return _surface(engine, kernel_sets[0], contexts, ks, args, rng)
     engines = {name: _engine(args.model, name) for name in tqdm(kernel_sets, desc="loading engines")}
     prefix = rng.integers(100, 20000, size=args.cached).astype(np.int32)
     times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in ks} for name in kernel_sets}
@@ -164,6 +176,51 @@ def run(args) -> int:
         "kernel_impl": {n: e.kernel_impl for n, e in engines.items()},
     }
     _write(result, kernel_sets, ks, args.out)
+    return 0
+
+
+def _surface(engine, kernels: str, contexts: list[int], ks: list[int], args, rng: np.random.Generator) -> int:
+    """verify(k) after each of ``contexts`` cached tokens; min over reps, the contexts and
+    ks interleaved within every repetition (the machine's drift hits them alike: each
+    prefix stays in the engine's prefix cache, one entry per context)."""
+    import torch
+    from tqdm import tqdm
+
+    prefixes = {c: rng.integers(100, 20000, size=c).astype(np.int32) for c in contexts}
+    times: dict[int, dict[int, list[float]]] = {c: {k: [] for k in ks} for c in contexts}
+    with torch.inference_mode():
+        engine.clear()
+        for prefix in prefixes.values():
+            _verify_once(engine, prefix[:-1], 1, rng)  # caches the prefix
+            for k in ks:
+                _verify_once(engine, prefix, k, rng)  # warm-up
+        for _ in tqdm(range(args.reps), desc="verify surface"):
+            for cached, prefix in prefixes.items():
+                for k in ks:
+                    times[cached][k].append(_verify_once(engine, prefix, k, rng))
+    surface = {c: {k: 1e3 * min(v) for k, v in t.items()} for c, t in times.items()}
+    slowest = max(max(v) for t in times.values() for v in t.values())
+    if slowest > 20 * min(surface[c][ks[0]] for c in contexts) / 1e3:
+        print(f"warning: a call took {1e3 * slowest:.0f} ms (a prefix fell out of the cache?)")
+    result = {"model": args.model, "kernels": kernels, "threads": args.threads, "reps": args.reps, "ks": ks,
+              "contexts": contexts, "verify_ms": surface}
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_surface.json").write_text(json.dumps(result, indent=1) + "\n")
+    rows = [[str(c), *(f"{surface[c][k]:.1f} ({surface[c][k] / surface[c][ks[0]]:.2f})" for k in ks)] for c in contexts]
+    table = (f"Verify cost over k new tokens after C cached tokens: {args.model}, {kernels} kernels, "
+             f"{args.threads} thread(s), min of {args.reps}; ms (ratio to k = {ks[0]} at the same C).\n\n"
+             + markdown_table(["C cached", *(f"k = {k}" for k in ks)], rows) + "\n")
+    (out / "engine_surface.md").write_text(table)
+    print(table)
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    for c in contexts:
+        ax.plot(ks, [surface[c][k] for k in ks], marker="o", label=f"C = {c}")
+    ax.set_xlabel("new tokens per verify (1 + gamma)")
+    ax.set_ylabel("ms per verify call")
+    ax.set_title(f"{args.model}: verify cost by context, {args.threads} thread(s)")
+    ax.legend()
+    save_png(fig, out / "engine_surface.png")
     return 0
 
 

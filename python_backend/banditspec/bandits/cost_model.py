@@ -1,13 +1,25 @@
-"""What a decoding round costs on this platform: the verify-cost curve and drafting costs.
+"""What a decoding round costs on this platform: the verify-cost surface and drafting costs.
 
-A round that feeds k = 1 + gamma tokens to the target costs ``verify_seconds(k)``; on a
-GPU that is almost flat in k, on a CPU engine it may grow steeply. The curve is
-calibrated once (a few timed forwards when the target loads, :func:`calibrate`) and
-refined online from measured verify times with a robust estimator: the median of the
-last ``window`` observations per k. Unobserved k are filled by a least-squares line
-through the observed medians (or the prior slope while only one k is known), and the
-curve is made non-decreasing. ``overhead_seconds`` is what a round costs besides the
-verify call (proposals, bookkeeping), an exponential average.
+A round that feeds k = 1 + gamma tokens to the target after C tokens of context costs
+``verify_seconds(k, C)``; on a GPU that is almost flat in k, on a CPU engine it grows with k,
+and with C: attention reads every cached position for every token fed, so a long draft
+on a long prompt costs more than the same draft on a short one (this CPU engine: 9 tokens
+against 1 cost 1.33x at 100 cached tokens and 1.53x at 700). The model is
+
+    seconds(k, C) = f(k) + (C - C0) * (b + t * (k - 1))
+
+f(k): the cost at the reference context C0 (the observations' mean context), one free
+value per observed k (kernels are not linear in k); b: what a context token adds to every
+round, t: what it adds per extra token fed. Observations are kept per cell (k, context
+bucket of ``context_bucket`` tokens), the last ``window`` per cell; the fit is a weighted
+least-squares fit through the cells' MEDIANS (robust to a GC pause or a cache miss),
+weighted by their counts, recomputed after each observation from the one changed cell.
+The context terms enter only when the observed contexts spread over ``min_spread`` tokens
+or more, and only when they come out non-negative and identifiable (else the model is the
+k-only curve of before, the same at every context). Unobserved k are filled by a
+least-squares line through the observed f(k) (or the prior slope while only one k is
+known), and the curve is made non-decreasing in k. ``overhead_seconds`` is what a round
+costs besides the verify call (proposals, bookkeeping), an exponential average.
 
 Costly drafters (an Eagle head, a draft engine, either in this process or another model
 reached through BLS) cost time per proposal: ``draft_costs()`` gives, per drafter, seconds
@@ -25,11 +37,47 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from banditspec.errors import BanditSpecValidationError
+
+CONTEXT_SCALE = 1000.0  # context enters the fit in thousands of tokens (conditioning)
+REFIT_EVERY = 8  # observations between refits once the model has seen 8 x window
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """The fitted surface: f[k] at the reference context c0 (index 0 unused), slopes in
+    seconds per context token."""
+
+    f: np.ndarray  # float64 [max_tokens + 1]
+    c0: float
+    per_context: float  # b
+    per_context_token: float  # t
+
+    def at(self, context: float | None) -> np.ndarray:
+        out = self.f.copy()
+        if context is not None and (self.per_context or self.per_context_token):
+            delta = float(context) - self.c0
+            ks = np.arange(len(out), dtype=np.float64)
+            out[1:] += delta * (self.per_context + self.per_context_token * (ks[1:] - 1))
+        out[1:] = np.maximum.accumulate(np.maximum(out[1:], 1e-6))
+        return out
+
+
+class _Cell:
+    """The last ``window`` verify times at one (k, context bucket), with their contexts;
+    ``row``: its row in the model's table of cell summaries."""
+
+    __slots__ = ("seconds", "contexts", "row")
+
+    def __init__(self, window: int, row: int):
+        self.seconds: deque = deque(maxlen=window)
+        self.contexts: deque = deque(maxlen=window)
+        self.row = row
 
 
 class CostModel:
@@ -41,34 +89,58 @@ class CostModel:
         prior_slope: float = 0.25,
         window: int = 64,
         min_observations: int = 3,
+        context_bucket: int = 64,
+        min_spread: float = 48.0,
     ):
         """max_tokens: largest k (1 + L); prior_slope: extra cost per extra token as a share
-        of one token's cost, used until two k have been observed."""
+        of one token's cost, used until two k have been observed; context_bucket: tokens of
+        context per cell; min_spread: the weighted standard deviation of the observed
+        contexts (tokens) from which the fit prices context."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise BanditSpecValidationError("max_tokens", f"must be an int >= 1, got {max_tokens!r}")
         if not prior_one_token_seconds > 0 or not prior_slope >= 0:
             raise BanditSpecValidationError("prior", "one-token cost must be > 0 and slope >= 0")
+        if isinstance(context_bucket, bool) or not isinstance(context_bucket, int) or context_bucket < 1:
+            raise BanditSpecValidationError("context_bucket", f"must be an int >= 1, got {context_bucket!r}")
         self.max_tokens = max_tokens
         self._prior = (float(prior_one_token_seconds), float(prior_slope))
         self._min_obs = min_observations
-        self._obs: list[deque] = [deque(maxlen=window) for _ in range(max_tokens + 1)]  # index k
+        self._bucket = context_bucket
+        self._min_spread = float(min_spread)
+        self._cells: dict[tuple[int, int], _Cell] = {}  # (k, context // context_bucket)
+        # one row per cell: k, median seconds, mean context, observations (kept up to date
+        # by observe, so that a refit reads one array)
+        self._table = np.zeros((0, 4))
         self._overhead = 0.0
         self._overhead_n = 0
         self._window = window
         self._drafts: dict[str, deque] = {}  # drafter -> (tokens produced, seconds)
         self._lock = threading.Lock()
-        self._cached: np.ndarray | None = None
+        self._fit: _Fit | None = None
+        self._stale = 0  # observations since the fit
+        self._seen = 0  # observations in all
         self._draft_cached: dict[str, tuple[float, float]] | None = None
         self.calibrated = False
 
     # -- observations ----------------------------------------------------------------
-    def observe(self, tokens: int, seconds: float) -> None:
-        """One verify call fed ``tokens`` new tokens and took ``seconds``."""
+    def observe(self, tokens: int, seconds: float, context: int | None = None) -> None:
+        """One verify call fed ``tokens`` new tokens after ``context`` tokens (None:
+        unknown, taken as 0) and took ``seconds``."""
         if not 1 <= tokens <= self.max_tokens or not seconds > 0:
             return
+        c = max(0, int(context or 0))
         with self._lock:
-            self._obs[tokens].append(float(seconds))
-            self._cached = None
+            key = (tokens, c // self._bucket)
+            cell = self._cells.get(key)
+            if cell is None:
+                cell = self._cells[key] = _Cell(self._window, len(self._table))
+                self._table = np.vstack([self._table, np.zeros((1, 4))])
+            cell.seconds.append(float(seconds))
+            cell.contexts.append(c)
+            self._table[cell.row] = (tokens, _median(cell.seconds), sum(cell.contexts) / len(cell.contexts),
+                                     len(cell.seconds))
+            self._stale += 1
+            self._seen += 1
 
     def observe_overhead(self, seconds: float) -> None:
         if not seconds >= 0:
@@ -77,7 +149,6 @@ class CostModel:
             self._overhead_n += 1
             rate = max(0.05, 1.0 / self._overhead_n)
             self._overhead += rate * (float(seconds) - self._overhead)
-            self._cached = None
 
     def observe_draft(self, drafter: str, tokens: int, seconds: float) -> None:
         """One proposal of a costly ``drafter`` produced ``tokens`` tokens (0: it declined)
@@ -100,50 +171,87 @@ class CostModel:
                 self._draft_cached = {name: _fit_draft_cost(obs) for name, obs in self._drafts.items() if obs}
             return dict(self._draft_cached)
 
-    def curve(self) -> np.ndarray:
-        """float64 [max_tokens + 1]: seconds per round feeding k tokens (index k >= 1;
-        index 0 unused), overhead included; non-decreasing in k."""
+    def curve(self, context: int | None = None) -> np.ndarray:
+        """float64 [max_tokens + 1]: seconds per round feeding k tokens after ``context``
+        tokens (None: the reference context, the observations' mean), overhead included
+        (index k >= 1; index 0 unused); non-decreasing in k."""
         with self._lock:
-            if self._cached is None:
-                self._cached = self._estimate()
-            return self._cached.copy()
-
-    def verify_seconds(self, tokens: int) -> float:
-        return float(self.curve()[tokens])
-
-    def _estimate(self) -> np.ndarray:
-        # Recomputed after every observation, i.e. every decoding round: plain Python on a
-        # few short lists (numpy's median and polyfit cost ~1 ms a round here).
-        ks = [k for k in range(1, self.max_tokens + 1) if len(self._obs[k]) >= self._min_obs]
-        medians = {k: _median(self._obs[k]) for k in ks}
-        one, slope = self._prior
-        if len(ks) >= 2:
-            a, b = _line([k - 1 for k in ks], [medians[k] for k in ks])  # y = a + b (k - 1)
-            a, b = max(a, 1e-6), max(b, 0.0)
-        elif len(ks) == 1:
-            (k0,) = ks
-            a = medians[k0] / (1 + slope * (k0 - 1))
-            b = slope * a
-        else:
-            a, b = one, slope * one
-        out = np.zeros(self.max_tokens + 1)
-        for k in range(1, self.max_tokens + 1):
-            out[k] = medians.get(k, a + b * (k - 1))
-        out[1:] = np.maximum.accumulate(out[1:])
-        out[1:] += self._overhead
+            fit = self._current()
+            overhead = self._overhead
+        out = fit.at(context)
+        out[1:] += overhead
         return out
 
-    def relative(self) -> list[float]:
+    def verify_seconds(self, tokens: int, context: int | None = None) -> float:
+        return float(self.curve(context)[tokens])
+
+    def reference_context(self) -> float:
+        with self._lock:
+            return self._current().c0
+
+    def _current(self) -> _Fit:
+        """The fit, refitted when observations arrived since: after each one while the model
+        is young (the first ``REFIT_EVERY`` x ``window``), then after every ``REFIT_EVERY``
+        (a refit costs ~0.1-0.2 ms; the surface moves slowly). Called under the lock."""
+        young = self._seen < REFIT_EVERY * self._window
+        if self._fit is None or self._stale >= (1 if young else REFIT_EVERY):
+            self._fit = self._estimate()
+            self._stale = 0
+        return self._fit
+
+    def _estimate(self) -> _Fit:
+        # Recomputed after every observation, i.e. every decoding round: only the changed
+        # cell's median is recomputed, and the fit is one small least-squares problem.
+        data = self._table[self._table[:, 3] >= self._min_obs]  # [cells, 4]: k, median, context, weight
+        one, slope = self._prior
+        f = np.zeros(self.max_tokens + 1)
+        c0, b, t = 0.0, 0.0, 0.0
+        if len(data):
+            ks, weights, contexts = data[:, 0].astype(np.int64), data[:, 3], data[:, 2]
+            c0 = float(weights @ contexts / weights.sum())
+            spread = float(np.sqrt(weights @ (contexts - c0) ** 2 / weights.sum()))
+            terms = ["b", "t"] if spread >= self._min_spread else []
+            while True:
+                values, slopes = _fit_surface(data, c0, terms)
+                dropped = [name for name in terms if slopes.get(name, -1.0) < 0]  # negative or unidentified
+                if not dropped:
+                    break
+                terms = [name for name in terms if name not in dropped]
+            b, t = slopes.get("b", 0.0), slopes.get("t", 0.0)
+            seen = sorted(values)
+            if len(seen) >= 2:
+                total = np.bincount(ks, weights=weights)
+                a, s = _line([k - 1 for k in seen], [values[k] for k in seen], [float(total[k]) for k in seen])
+                a, s = max(a, 1e-6), max(s, 0.0)
+            else:
+                (k0,) = seen
+                a = values[k0] / (1 + slope * (k0 - 1))
+                s = slope * a
+            for k in range(1, self.max_tokens + 1):
+                f[k] = values.get(k, a + s * (k - 1))
+        else:
+            for k in range(1, self.max_tokens + 1):
+                f[k] = one + slope * one * (k - 1)
+        return _Fit(f, c0, b, t)
+
+    def relative(self, context: int | None = None) -> list[float]:
         """The curve as multiples of one token's cost, k = 1..max_tokens."""
-        curve = self.curve()
+        curve = self.curve(context)
         return [round(float(c / curve[1]), 4) for c in curve[1:]]
 
     def as_dict(self) -> dict:
         curve = self.curve()
+        with self._lock:
+            fit = self._current()
+            observations = [sum(len(c.seconds) for (k, _), c in self._cells.items() if k == kk)
+                            for kk in range(1, self.max_tokens + 1)]
         return {
             "verify_ms": [round(1e3 * float(c), 3) for c in curve[1:]],
-            "relative": self.relative(),
-            "observations": [len(self._obs[k]) for k in range(1, self.max_tokens + 1)],
+            "relative": [round(float(c / curve[1]), 4) for c in curve[1:]],
+            "observations": observations,
+            "reference_context": round(fit.c0, 1),
+            # what 100 tokens of context add to a round: to every round, and per extra token fed
+            "context_ms_per_100": [round(1e5 * fit.per_context, 4), round(1e5 * fit.per_context_token, 4)],
             "overhead_ms": round(1e3 * self._overhead, 3),
             "calibrated": self.calibrated,
             "draft_ms": {name: {"per_call": round(1e3 * call, 3), "per_token": round(1e3 * token, 3)}
@@ -152,12 +260,47 @@ class CostModel:
 
     @classmethod
     def fixed(cls, relative: Sequence[float], one_token_seconds: float = 0.05) -> "CostModel":
-        """A model that knows its curve (replay, tests): relative[k - 1] = cost(k) / cost(1)."""
+        """A model that knows its curve (replay, tests): relative[k - 1] = cost(k) / cost(1),
+        the same at every context."""
         model = cls(len(relative), prior_one_token_seconds=one_token_seconds, min_observations=1)
         for k, r in enumerate(relative, start=1):
-            model._obs[k].append(one_token_seconds * float(r))
+            model.observe(k, one_token_seconds * float(r))
         model.calibrated = True
         return model
+
+    @classmethod
+    def from_table(cls, seconds: dict[int, dict[int, float]], max_tokens: int | None = None) -> "CostModel":
+        """A model that knows its surface (replay): {context: {k: seconds}}, measured at two
+        or more contexts (``banditspec bench-engine --contexts``); k beyond the table follow
+        the line through the measured ones."""
+        top = max_tokens or max(k for row in seconds.values() for k in row)
+        model = cls(top, min_observations=1, min_spread=0.0)
+        for context, row in seconds.items():
+            for k, value in row.items():
+                model.observe(int(k), float(value), int(context))
+        model.calibrated = True
+        return model
+
+
+def _fit_surface(data: np.ndarray, c0: float, terms: list[str]) -> tuple[dict[int, float], dict[str, float]]:
+    """Weighted least squares of median = f[k] + x (b + t (k - 1)), x = (context - c0) /
+    CONTEXT_SCALE, over the cells (``data``: rows of k, median, mean context, weight);
+    returns ({k: f[k]}, {term: slope per context token}). A term the data cannot identify
+    (rank-deficient) is left out of the slopes."""
+    ks = data[:, 0].astype(np.int64)
+    seen, column = np.unique(ks, return_inverse=True)
+    root = np.sqrt(data[:, 3])
+    x = (data[:, 2] - c0) / CONTEXT_SCALE
+    design = np.zeros((len(data), len(seen) + len(terms)))
+    design[np.arange(len(data)), column] = root
+    for j, name in enumerate(terms):
+        design[:, len(seen) + j] = root * (x if name == "b" else x * (ks - 1))
+    solution, _, rank, _ = np.linalg.lstsq(design, root * data[:, 1], rcond=None)
+    if rank < design.shape[1] and terms:  # drop the last term (t before b) and try again
+        return _fit_surface(data, c0, terms[:-1])
+    values = {int(k): float(solution[i]) for i, k in enumerate(seen)}
+    slopes = {name: float(solution[len(seen) + j]) / CONTEXT_SCALE for j, name in enumerate(terms)}
+    return values, slopes
 
 
 def _median(values) -> float:
@@ -190,6 +333,18 @@ def _fit_draft_cost(observations) -> tuple[float, float]:
     if a < 0:  # the line through the origin's side: all of it per token
         a, b = 0.0, _median([s / max(1, t) for t, s in observations])
     return a, b
+
+
+CALIBRATION_CONTEXTS = (64, 512)  # cached tokens the target is timed after when it loads
+
+
+def calibration_plan(max_tokens: int, contexts: Sequence[int] = CALIBRATION_CONTEXTS) -> list[tuple[int, list[int]]]:
+    """What to time when the target loads: [(cached tokens, ks)]: every k = 1..max_tokens
+    after the first context, and k = 1, the middle k and max_tokens after each further one
+    (the context slopes need two contexts, not every k at both)."""
+    top = max(1, max_tokens)
+    return [(int(c), list(range(1, top + 1)) if i == 0 else sorted({1, (1 + top) // 2, top}))
+            for i, c in enumerate(contexts)]
 
 
 def calibrate(model: CostModel, timed_forward: Callable[[int], float], reps: int = 3) -> CostModel:

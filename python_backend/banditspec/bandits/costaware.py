@@ -209,9 +209,10 @@ class CostAwarePolicy:
             hazard[0] = min(1.0, hazard[0] + bonus)
         return np.cumprod(hazard)
 
-    def choose(self, candidates: list[Candidate], gamma_cap: int) -> Choice:
-        """The best (drafter, gamma) for this round, plain decoding included."""
-        curve = self.cost_model.curve()
+    def choose(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None) -> Choice:
+        """The best (drafter, gamma) for this round, plain decoding included; ``context``:
+        the tokens before the round (prompt + generated), which the verify cost grows with."""
+        curve = self.cost_model.curve(context)
         cap = max(0, min(gamma_cap, self.max_len, len(curve) - 2))
         best = Choice(PLAIN, 0, 1.0, 1.0 / curve[1])
         for candidate in candidates:

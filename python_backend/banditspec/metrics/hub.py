@@ -56,7 +56,8 @@ class ServingMetrics:
             self.exporter.record_request(outcome, failures)
             controller = getattr(speculation_stats, "controller", None)
             if controller and "cost_model" in controller:
-                self.exporter.set_cost_curve(controller["cost_model"]["verify_ms"])
+                model = controller["cost_model"]
+                self.exporter.set_cost_curve(model["verify_ms"], model.get("context_ms_per_100"))
         if self.summary is not None:
             self.summary.maybe_log()
 

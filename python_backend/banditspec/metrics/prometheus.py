@@ -69,12 +69,20 @@ DRAFTER_FAILURES = MetricSpec(
 VERIFY_COST = MetricSpec(
     "nv_banditspec_verify_cost_seconds",
     "The costaware controller's cost model: seconds of a decoding round that feeds the target this many "
-    "tokens (1 + gamma), calibrated online from measured verify times",
+    "tokens (1 + gamma) at the reference context, calibrated online from measured verify times",
     GAUGE,
     ("tokens",),
 )
+VERIFY_COST_CONTEXT = MetricSpec(
+    "nv_banditspec_verify_cost_context_seconds",
+    "The costaware controller's cost model: seconds that one more token of context adds to a round "
+    "(term = round: to every round, term = extra_token: per draft token fed)",
+    GAUGE,
+    ("term",),
+)
 SERVING_SPECS = (
     VERIFY_COST,
+    VERIFY_COST_CONTEXT,
     REQUESTS,
     ACTIVE_SEQUENCES,
     ARM_PULLS,
@@ -184,11 +192,15 @@ class PrometheusMetrics:
         with self._lock:
             self._registry.metric(ACTIVE_SEQUENCES).set(sequences)
 
-    def set_cost_curve(self, verify_ms) -> None:
-        """verify_ms[k - 1]: the cost model's milliseconds for a round feeding k tokens."""
+    def set_cost_curve(self, verify_ms, context_ms_per_100=None) -> None:
+        """verify_ms[k - 1]: the cost model's milliseconds for a round feeding k tokens;
+        context_ms_per_100: (per round, per extra token) milliseconds per 100 context tokens."""
         with self._lock:
             for k, ms in enumerate(verify_ms[: self._max_tokens], start=1):
                 self._registry.metric(VERIFY_COST, tokens=str(k)).set(float(ms) / 1e3)
+            if context_ms_per_100 is not None:
+                for term, ms in zip(("round", "extra_token"), context_ms_per_100):
+                    self._registry.metric(VERIFY_COST_CONTEXT, term=term).set(float(ms) / 1e5)
 
     def close(self) -> None:
         self._registry.close()
