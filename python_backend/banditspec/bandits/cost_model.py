@@ -45,7 +45,7 @@ import numpy as np
 from banditspec.errors import BanditSpecValidationError
 
 CONTEXT_SCALE = 1000.0  # context enters the fit in thousands of tokens (conditioning)
-REFIT_EVERY = 8  # observations between refits once the model has seen 8 x window
+REFIT_EVERY = 8  # observations between refits once the model has seen a window's worth
 
 
 @dataclass(frozen=True)
@@ -191,9 +191,9 @@ class CostModel:
 
     def _current(self) -> _Fit:
         """The fit, refitted when observations arrived since: after each one while the model
-        is young (the first ``REFIT_EVERY`` x ``window``), then after every ``REFIT_EVERY``
-        (a refit costs ~0.1-0.2 ms; the surface moves slowly). Called under the lock."""
-        young = self._seen < REFIT_EVERY * self._window
+        is young (its first ``window`` observations), then after every ``REFIT_EVERY`` (a
+        refit costs ~0.2-0.5 ms; the surface moves slowly). Called under the lock."""
+        young = self._seen < self._window
         if self._fit is None or self._stale >= (1 if young else REFIT_EVERY):
             self._fit = self._estimate()
             self._stale = 0

@@ -220,13 +220,13 @@ class CostAwarePolicy:
             if top <= 0:
                 continue
             survival = self.survival(candidate.drafter, candidate.bucket, optimistic=candidate.costly)
-            expected = 1.0 + np.concatenate([[0.0], np.cumsum(survival[:top])])  # index gamma
-            for gamma in range(1, top + 1):
-                seconds = (curve[1 + gamma] + candidate.draft_seconds_per_call
-                           + candidate.draft_seconds_per_token * gamma)
-                utility = expected[gamma] / seconds
-                if utility > best.utility * (1 + 1e-9):
-                    best = Choice(candidate.drafter, gamma, float(expected[gamma]), float(utility))
+            expected = 1.0 + np.cumsum(survival[:top])  # [top]: index gamma - 1
+            seconds = (curve[2 : top + 2] + candidate.draft_seconds_per_call
+                       + candidate.draft_seconds_per_token * np.arange(1, top + 1))
+            utility = expected / seconds
+            g = int(np.argmax(utility))  # the shortest of equally good lengths
+            if utility[g] > best.utility * (1 + 1e-9):
+                best = Choice(candidate.drafter, g + 1, float(expected[g]), float(utility[g]))
         self.rounds += 1
         return best
 
