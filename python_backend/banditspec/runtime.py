@@ -22,7 +22,7 @@ def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int
                          contexts: Sequence[int] = CALIBRATION_CONTEXTS, seed: int = 0) -> None:
     """Seed the decoder's cost model with ``reps`` timed verify calls of the engine per
     (context, k) of :func:`~banditspec.bandits.cost_model.calibration_plan`, so that the
-    model prices k and context from the start (~2-4 s)."""
+    model prices k and context from the start (~4 s on a 2-core CPU)."""
     import numpy as np
 
     from banditspec.engine.contract import VerifyRequest

@@ -332,7 +332,7 @@ class Controller:
             self._notify(self.on_request_done, outcome, session.stats)
 
     def _calibrate_once(self) -> None:
-        """Run ``calibrate`` once (the first request waits for it, ~2-4 s); a failure is
+        """Run ``calibrate`` once (the first request waits for it, ~4 s on a 2-core CPU); a failure is
         logged and the cost model goes on learning online from the prior."""
         if self._calibrate is None:
             return

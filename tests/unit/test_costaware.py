@@ -127,7 +127,7 @@ def test_cost_model_does_not_price_context_it_has_not_seen_vary_or_that_comes_ou
     with pytest.raises(Exception, match="context_bucket"):
         CostModel(3, context_bucket=0)
     # what is timed when the target loads: every k at one context, three at the other
-    assert calibration_plan(9) == [(64, list(range(1, 10))), (512, [1, 5, 9])]
+    assert calibration_plan(9) == [(32, list(range(1, 10))), (320, [1, 5, 9])]
     assert calibration_plan(2, (10, 20, 30)) == [(10, [1, 2]), (20, [1, 2]), (30, [1, 2])]
 
 
