@@ -13,7 +13,8 @@ value per observed k (kernels are not linear in k); b: what a context token adds
 round, t: what it adds per extra token fed. Observations are kept per cell (k, context
 bucket of ``context_bucket`` tokens), the last ``window`` per cell; the fit is a weighted
 least-squares fit through the cells' MEDIANS (robust to a GC pause or a cache miss),
-weighted by their counts, recomputed after each observation from the one changed cell.
+weighted by their counts (each observation updates its cell's summary; the fit is redone
+after every observation for the model's first ``window``, then every ``REFIT_EVERY``).
 The context terms enter only when the observed contexts spread over ``min_spread`` tokens
 or more, and only when they come out non-negative and identifiable (else the model is the
 k-only curve of before, the same at every context). Unobserved k are filled by a
@@ -200,8 +201,7 @@ class CostModel:
         return self._fit
 
     def _estimate(self) -> _Fit:
-        # Recomputed after every observation, i.e. every decoding round: only the changed
-        # cell's median is recomputed, and the fit is one small least-squares problem.
+        # One small least-squares problem over the cells' summaries (see _current for when).
         data = self._table[self._table[:, 3] >= self._min_obs]  # [cells, 4]: k, median, context, weight
         one, slope = self._prior
         f = np.zeros(self.max_tokens + 1)
@@ -243,8 +243,9 @@ class CostModel:
         curve = self.curve()
         with self._lock:
             fit = self._current()
-            observations = [sum(len(c.seconds) for (k, _), c in self._cells.items() if k == kk)
-                            for kk in range(1, self.max_tokens + 1)]
+            per_k = np.bincount(self._table[:, 0].astype(np.int64), weights=self._table[:, 3],
+                                minlength=self.max_tokens + 1)
+            observations = [int(n) for n in per_k[1 : self.max_tokens + 1]]
         return {
             "verify_ms": [round(1e3 * float(c), 3) for c in curve[1:]],
             "relative": [round(float(c / curve[1]), 4) for c in curve[1:]],
