@@ -50,8 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="drafters to record and replay; eagle (costly: proposes only when chosen) is recorded "
                              "from the target's states at every position, once, beside the cheap ones")
     parser.add_argument("--eagle-cost", default=EAGLE_COST,
-                        help="Eagle's drafting cost as CALL,TOKEN in units of a one-token verify (default: int8 "
-                             "head, measured: 1.1 ms a call + 3.7 ms a drafted token against a 40.7 ms verify)")
+                        help="Eagle's drafting cost as CALL,TOKEN[,PREVIEW] in units of a one-token verify "
+                             "(default: int8 head, measured: 1.1 ms a call + 3.7 ms a drafted token against a "
+                             "40.7 ms verify); a PREVIEW cost replays Eagle with previews on (every round)")
     parser.add_argument("--costs", default="steep,flat,measured,surface",
                         help="cost models: steep, flat, measured, surface (by k and context), or FILE.json")
     parser.add_argument("--batch", type=int, default=8, help="sequences per forward while recording")
@@ -155,7 +156,7 @@ def record(args, prompts: list[tuple[str, str]]):
                   for (kind, _), p, out in tqdm(list(zip(prompts, ids, outputs)), desc="recording proposals")]
         _write_lines(path, [json.dumps(t.as_dict()) for t in traces])
     for name in (d for d in names if d in COSTLY):
-        _record_costly(args, name, traces, tokenizer, cache_dir() / "traces" / f"{key}-{name}.jsonl", engine)
+        _record_costly(args, name, traces, tokenizer, cache_dir() / "traces" / f"{key}-{name}-v2.jsonl", engine)
     return traces, tokenizer
 
 
@@ -179,8 +180,11 @@ def _record_costly(args, name: str, traces, tokenizer, path: Path, engine=None) 
 
     if path.exists():
         for trace, line in zip(traces, path.read_text().splitlines()):
-            trace.proposals[name] = json.loads(line)
+            recorded = json.loads(line)
+            trace.proposals[name] = recorded["proposals"]
             trace.match_len[name] = [0] * len(trace.proposals[name])
+            if recorded.get("previews") is not None:
+                trace.previews[name] = recorded["previews"]
         return
     if engine is None:
         from banditspec.engine.reference import ReferenceEngine
@@ -196,7 +200,7 @@ def _record_costly(args, name: str, traces, tokenizer, path: Path, engine=None) 
             (result,) = engine.verify([VerifyRequest(sequence, np.zeros(0, dtype=np.int32), hidden_from=0,
                                                      hidden_layers=layers)])
             record_costly_proposals(trace, name, drafter, result.hidden_states, args.record_len)
-    _write_lines(path, [json.dumps(t.proposals[name]) for t in traces])
+    _write_lines(path, [json.dumps({"proposals": t.proposals[name], "previews": t.previews.get(name)}) for t in traces])
 
 
 # --- evaluation -------------------------------------------------------------------------
@@ -233,10 +237,23 @@ def _surface_model(max_tokens: int):
     return CostModel.from_table(table, max_tokens)
 
 
+def parse_eagle_cost(text: str) -> tuple[float, float, float | None]:
+    """--eagle-cost CALL,TOKEN[,PREVIEW] (units of a one-token verify); with PREVIEW, Eagle is
+    replayed with previews on (drafters/eagle.py, DEFAULT_PREVIEWS), else (None) blind."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (2, 3) or any(v < 0 for v in values):
+        raise SystemExit(f"--eagle-cost: expected CALL,TOKEN[,PREVIEW] (non-negative numbers), got {text!r}")
+    return values[0], values[1], values[2] if len(values) == 3 else None
+
+
 def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters: list[str],
-             costly_relative: dict[str, tuple[float, float]] | None = None) -> dict:
-    """``costly_relative``: costly drafter -> (per call, per drafted token) in units of a
-    one-token verify of each cost model."""
+             costly_relative: dict[str, tuple[float, ...]] | None = None) -> dict:
+    """``costly_relative``: costly drafter -> (per call, per drafted token[, per preview]) in
+    units of a one-token verify of each cost model."""
     from tqdm import tqdm
 
     from banditspec.bandits.cost_model import CostModel
@@ -248,14 +265,16 @@ def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters
     for cost in costs:
         platform = _surface_model(17) if cost == "surface" else _cost_model(_curve(cost), 17)
         curve = platform.curve()
-        costly = {d: (c * float(curve[1]), t * float(curve[1])) for d, (c, t) in (costly_relative or {}).items()
+        costly = {d: (c[0] * float(curve[1]), c[1] * float(curve[1])) for d, c in (costly_relative or {}).items()
                   if d in drafters}
+        previews = {d: c[2] * float(curve[1]) for d, c in (costly_relative or {}).items()
+                    if d in drafters and len(c) > 2 and c[2] is not None}
         per_method = {}
         for method in tqdm(methods, desc=f"replay ({cost})"):
             own = CostModel(max(17, max_draft_len + 1), min_spread=math.inf) if method == K_ONLY else None
             per_method[method] = replay_policy(traces, "costaware" if method == K_ONLY else method, drafters, platform,
                                                max_draft_len=max_draft_len, eos_id=eos_id, costly=costly,
-                                               cost_model=own)["rows"]
+                                               cost_model=own, preview_seconds=previews)["rows"]
         oracle_step = []
         for trace, row in zip(traces, per_method["vanilla"]):
             oracle_step.append(per_step_oracle_seconds(trace, platform, max_draft_len, drafters, n=row["tokens"] + (1 if trace.target[-1] == eos_id else 0),
@@ -351,9 +370,9 @@ def run(args) -> int:
         if name in costs and not path.exists():
             print(f"no {path} (run banditspec bench-engine): skipping the {name} cost model")
             costs.remove(name)
-    call, token = (float(x) for x in args.eagle_cost.split(","))
+    call, token, preview = parse_eagle_cost(args.eagle_cost)
     results = evaluate(traces, int(tokenizer.eos_token_id), costs, args.max_draft_len, drafters,
-                       {d: (call, token) for d in drafters if d in COSTLY})
+                       {d: (call, token, preview) for d in drafters if d in COSTLY})
     kinds = sorted({t.kind for t in traces})
     summary = summarise(results, traces, kinds + (["mixed"] if len(kinds) > 1 else []))
     args.out.mkdir(parents=True, exist_ok=True)

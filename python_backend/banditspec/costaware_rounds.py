@@ -3,18 +3,24 @@ which drafters propose, what the controller chooses among them, and the full-inf
 scoring of every proposal once the target's tokens at its positions are known.
 
 Cheap drafters (PLD, suffix, REST) all propose every round; a costly drafter (Eagle, a
-draft engine) proposes only when chosen, its time is measured into the server-wide cost
-model, and a decline (an empty proposal) is scored as a first token not accepted, after
-which the round takes the best cheap proposal."""
+draft engine) proposes only when chosen, and its time is measured into the server-wide cost
+model. A costly drafter that previews (``previews``: Eagle in process) shows every round
+the first token it would draft and its confidence: that confidence is its context, a round
+where it would decline does not offer it, and its first token is scored every round as a
+cheap drafter's proposal is (full information on the first position; deeper positions
+are learned when it is pulled, one token beyond the chosen length while they are little
+known). A costly drafter without previews is chosen blind: a decline (an empty proposal)
+is scored as a first token not accepted, and the round takes the best cheap proposal."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from banditspec.bandits.cost_model import CostModel
-from banditspec.bandits.costaware import Candidate, CostAwarePolicy, context_bucket
+from banditspec.bandits.costaware import Candidate, CostAwarePolicy, confidence_level, context_bucket
 from banditspec.config import ArmSpec
-from banditspec.drafters.base import Draft, Drafter
+from banditspec.drafters.base import Draft, Drafter, Preview
 
 # (drafter, context bucket, position of its first token, tokens, positions scored so far)
 OpenProposal = tuple[str, int, int, list[int], int]
@@ -24,6 +30,18 @@ def is_costly(drafter: Drafter) -> bool:
     """A drafter whose proposal costs a model call (Eagle, a draft engine): it proposes only
     when chosen and learns from bandit feedback; the others propose every round."""
     return bool(getattr(drafter, "needs_hidden_states", False) or getattr(drafter, "costly", False))
+
+
+def previews(drafter: Drafter) -> bool:
+    """A costly drafter whose sessions offer ``preview()`` (drafters.base)."""
+    return bool(getattr(drafter, "previews", False))
+
+
+# While a previewing drafter's outcomes at the position after the chosen length number
+# fewer than this (request + server), a pull drafts one token more than is verified; the
+# extra token is scored once the target has spoken, so the deeper hazards get learned
+# (otherwise a length chosen short on the prior stays short). Costs one head step.
+EXPLORE_DEEPER_BELOW = 16.0
 
 
 def _cut(draft: Draft, gamma: int) -> Draft:
@@ -43,15 +61,18 @@ class CostAwareRounds:
 
     def choose(self, arms: Sequence[ArmSpec], available: list[int], limit: int, position: int,
                drafter_of: Callable[[str], Drafter | None],
-               propose: Callable[[ArmSpec, int], Draft | None]) -> tuple[int | None, Draft]:
+               propose: Callable[[ArmSpec, int], Draft | None],
+               preview: Callable[[ArmSpec], Preview | None] | None = None) -> tuple[int | None, Draft]:
         """The round's (arm index, draft); (None, empty) = plain decoding. ``available``: the
         arms still served (a drafter that fails while proposing leaves it); ``position``:
         where the draft's first token would go; ``propose(arm, gamma)``: a proposal, or None
-        when the drafter failed (and was dropped)."""
+        when the drafter failed (and was dropped); ``preview(arm)``: a previewing drafter's
+        first token (None: none now, or it failed)."""
         controller = self.controller
         if limit <= 0:
             return None, Draft()
         candidates, drafts, costly = [], {}, []
+        previewing: list[tuple[int, Candidate]] = []  # previewing drafters, asked after the cheap ones
         draft_costs = self._cost_model.draft_costs()  # server-wide: (per call, per token)
         for index in list(available):
             arm = arms[index]
@@ -61,7 +82,11 @@ class CostAwareRounds:
             cap = min(arm.gamma, limit)
             if is_costly(drafter):
                 per_call, per_token = draft_costs.get(arm.drafter, (0.0, 0.0))  # untried: optimistic
-                costly.append(Candidate(arm.drafter, cap, 0, True, per_call, per_token))
+                candidate = Candidate(arm.drafter, cap, 0, True, per_call, per_token)
+                if preview is not None and previews(drafter):
+                    previewing.append((index, replace(candidate, previewed=True)))
+                else:
+                    costly.append(candidate)
                 continue
             draft = propose(arm, cap)
             if draft is not None and len(draft) > 0:
@@ -74,33 +99,58 @@ class CostAwareRounds:
             drafter_name = arms[index].drafter
             self._open.append((drafter_name, bucket, position, draft.token_ids.tolist(), 0))
             candidates.append(Candidate(drafter_name, len(draft), bucket))
+        seen: dict[int, tuple[Preview, Candidate]] = {}  # arm index -> (preview, its candidate)
+        if previewing and preview is not None:
+            # A preview costs a head call: asked only when the drafter, in its most favourable
+            # context, could beat what the cheap proposals already offer.
+            floor = controller.best(candidates, limit, position).utility
+            for index, candidate in previewing:
+                if index not in available or controller.utility_bound(candidate, limit, position) <= floor:
+                    continue
+                first = preview(arms[index])
+                if first is None or first.declines or index not in available:
+                    continue
+                last_hit = self._last_first.get(candidate.drafter, (0, None))[1]
+                bucket = context_bucket(confidence_level(first.confidence), first.token in firsts, last_hit)
+                seen[index] = (first, replace(candidate, bucket=bucket))
+                candidates.append(seen[index][1])
         candidates += costly
         choice = controller.choose(candidates, limit, position)
-        if choice.drafter is None:
+        chosen = None if choice.drafter is None else next(i for i in available if arms[i].drafter == choice.drafter)
+        for index, (first, candidate) in seen.items():
+            if index != chosen:  # its first token is scored as if it had been offered
+                self._open.append((candidate.drafter, candidate.bucket, position, [first.token], 0))
+        if chosen is None or choice.drafter is None:
             return None, Draft()
-        index = next(i for i in available if arms[i].drafter == choice.drafter)
-        if index in drafts:
-            return index, _cut(drafts[index], choice.gamma)
+        if chosen in drafts:
+            return chosen, _cut(drafts[chosen], choice.gamma)
+        name, length = choice.drafter, choice.gamma
+        if chosen in seen:
+            bucket = seen[chosen][1].bucket
+            if length < seen[chosen][1].max_gamma and controller.seen(name, bucket, length) < EXPLORE_DEEPER_BELOW:
+                length += 1
+        else:
+            bucket = 0
         began = self._clock()
-        draft = propose(arms[index], choice.gamma)
+        draft = propose(arms[chosen], length)
         produced = 0 if draft is None else len(draft)
         if draft is not None:
-            self._cost_model.observe_draft(choice.drafter, produced, self._clock() - began)
+            self._cost_model.observe_draft(name, produced, self._clock() - began)
         if draft is not None and produced == 0:
             # The costly drafter declined (Eagle below its confidence cut-off): an outcome of
             # choosing it, scored as a first token not accepted, so that its estimate says how
             # often choosing it yields a token (not only how good its non-empty drafts are);
             # unscored, a drafter that mostly declines kept being chosen and every such round
             # decoded plainly. The round then takes the best cheap proposal.
-            controller.record(choice.drafter, 0, 1, 0, 1)
+            controller.record(name, bucket, 1, 0, 1)
         if draft is None or produced == 0:
             fallback = controller.choose([c for c in candidates if not c.costly], limit, position)
             if fallback.drafter is None:
                 return None, Draft()
             index = next(i for i in available if arms[i].drafter == fallback.drafter)
             return index, _cut(drafts[index], fallback.gamma)
-        self._open.append((choice.drafter, 0, position, draft.token_ids.tolist(), 0))
-        return index, draft
+        self._open.append((name, bucket, position, draft.token_ids.tolist(), 0))
+        return chosen, _cut(draft, choice.gamma)
 
     def score(self, sequence: Sequence[int], final: bool = False) -> None:
         """Score each open proposal against the tokens known so far (``sequence``: prompt +

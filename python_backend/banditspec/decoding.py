@@ -28,7 +28,7 @@ from banditspec.bandits.costaware import CostAwarePolicy, SharedAcceptance
 from banditspec.costaware_rounds import CostAwareRounds
 from banditspec.bandits.registry import COSTAWARE, ResolvedPolicy, build_policy
 from banditspec.config import VANILLA_ARM, ArmSpec, GenerationRequest
-from banditspec.drafters.base import Draft, Drafter, first_feature
+from banditspec.drafters.base import Draft, Drafter, Preview, first_feature
 from banditspec.drafting import RequestDrafters
 from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
 from banditspec.gamma_controller.budget import SpeculationBudget
@@ -126,7 +126,7 @@ class DecodingSession:
         truncated = False
         if self._rounds is not None:
             arm_index, draft = self._rounds.choose(self.arms, self._available, limit, len(self._sequence),
-                                                   self._drafter_of, self._propose)
+                                                   self._drafter_of, self._propose, self._preview)
         while self.policy is not None and self._available and limit > 0:
             arm_index = self.policy.select(self._available)
             arm = self.arms[arm_index]
@@ -235,6 +235,9 @@ class DecodingSession:
 
     def _propose(self, arm: ArmSpec, max_len: int) -> Draft | None:
         return self._drafters.propose(arm.drafter, max_len)
+
+    def _preview(self, arm: ArmSpec) -> Preview | None:
+        return self._drafters.preview(arm.drafter)
 
     def _drop_arms(self, drafter: str, reason: str) -> None:
         """``drafter`` failed (or is unavailable): its arms leave this request."""

@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 
-from banditspec.drafters.base import Draft, Drafter, DraftSession
+from banditspec.drafters.base import Draft, Drafter, DraftSession, Preview, PreviewingSession
 from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,30 @@ class RequestDrafters:
             # Lossless either way: this draft is still verified, but the arm is too slow to keep.
             self.drop(name, "deadline exceeded")
         return Draft(token_ids=ids.astype(np.int32), probs=probs, match_len=int(getattr(draft, "match_len", 0)))
+
+    def previews(self, name: str) -> bool:
+        """Whether drafter ``name``'s session offers ``preview()`` (see drafters.base)."""
+        return callable(getattr(self._sessions.get(name), "preview", None))
+
+    def preview(self, name: str) -> Preview | None:
+        """Drafter ``name``'s preview of its next proposal; None when it has none now, or
+        failed (and was dropped, as a failed proposal drops it)."""
+        session = self._sessions.get(name)
+        if session is None or not self.previews(name):
+            return None
+        began = time.perf_counter()
+        try:
+            preview = cast(PreviewingSession, session).preview()
+            if preview is not None and not 0 <= int(preview.token) < self._vocab_size:
+                raise ValueError("preview token id out of range")
+        except Exception as exc:
+            log.warning("drafter %s failed to preview: %s", name, exc)
+            self.drop(name, f"preview failed: {type(exc).__name__}")
+            return None
+        if self._deadline is not None and time.perf_counter() - began > self._deadline:
+            self.drop(name, "deadline exceeded")
+            return None
+        return preview
 
     def _call(self, session: DraftSession, max_len: int, inline: bool) -> Draft:
         """``session.propose(max_len)``, bounded by the deadline when there is one.

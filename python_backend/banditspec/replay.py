@@ -13,10 +13,10 @@ stand-ins and a virtual clock that advances by the platform's cost of each round
 what is measured is the shipped code's behaviour, not a re-implementation of it.
 
 A costly drafter (Eagle) is replayed too when recorded (:func:`record_costly_proposals`:
-its proposal at every position, from the target's states at every position, computed
-once): it proposes only when chosen, and each call advances the clock by its drafting
-cost (per call plus per drafted token, in units of a one-token verify). Not covered:
-sampling.
+its proposal and its preview at every position, from the target's states at every
+position, computed once): it previews every round the controller asks (each preview
+advances the clock by its cost) and proposes only when chosen (each call advances the
+clock by its drafting cost, per call plus per drafted token). Not covered: sampling.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from banditspec.bandits.cost_model import CostModel, calibration_plan
-from banditspec.drafters.base import Draft
+from banditspec.drafters.base import Draft, Preview
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 
 
@@ -39,6 +39,8 @@ class Trace:
     proposals: drafter -> per position i (0 .. len(target) - 1) the proposal made after i
                generated tokens, up to L tokens
     match_len: drafter -> per position the proposal's match length (the drafter's confidence)
+    previews:  costly drafter -> per position its preview [token, confidence, cut-off], or
+               None where it had none (drafters.base.Preview)
     """
 
     kind: str
@@ -46,14 +48,16 @@ class Trace:
     target: list[int]
     proposals: dict[str, list[list[int]]] = field(default_factory=dict)
     match_len: dict[str, list[int]] = field(default_factory=dict)
+    previews: dict[str, list[list[float] | None]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "prompt_ids": self.prompt_ids, "target": self.target,
-                "proposals": self.proposals, "match_len": self.match_len}
+                "proposals": self.proposals, "match_len": self.match_len, "previews": self.previews}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trace":
-        return cls(d["kind"], list(d["prompt_ids"]), list(d["target"]), dict(d["proposals"]), dict(d["match_len"]))
+        return cls(d["kind"], list(d["prompt_ids"]), list(d["target"]), dict(d["proposals"]), dict(d["match_len"]),
+                   dict(d.get("previews", {})))
 
 
 def record_proposals(trace: Trace, drafters: dict, max_len: int) -> Trace:
@@ -86,13 +90,17 @@ def record_costly_proposals(trace: Trace, name: str, drafter, features: np.ndarr
     if len(features) != prompt + len(trace.target) - 1:
         raise ValueError(f"{len(features)} feature rows for {prompt} prompt and {len(trace.target)} target tokens")
     session = drafter.start(trace.prompt_ids)
-    proposals = []
+    proposals, previews = [], []
     for i, token in enumerate(trace.target):
+        seen = session.preview() if callable(getattr(session, "preview", None)) else None
+        previews.append(None if seen is None else [int(seen.token), float(seen.confidence), float(seen.cut_off)])
         proposals.append([int(t) for t in session.propose(max_len).token_ids])
         rows = features[:prompt] if i == 0 else features[prompt + i - 1 : prompt + i]
         session.observe([token], rows)
     session.close(finished=True)
     trace.proposals[name], trace.match_len[name] = proposals, [0] * len(proposals)
+    if any(p is not None for p in previews):
+        trace.previews[name] = previews
     return trace
 
 
@@ -177,16 +185,22 @@ class ReplayDrafter:
     ``draft_seconds`` = (per call, per drafted token): what a proposal costs on the clock;
     a costly drafter (Eagle) also declares itself so (``costly``), so that the controller
     calls it only when it chooses it. A decline still costs a call and one token (the head
-    ran once to decide it)."""
+    ran once to decide it). With ``preview_seconds`` (not None), a costly drafter whose
+    previews were recorded in every trace previews (``previews``), each preview costing that
+    (serving's ``eagle`` drafter with previews on)."""
 
     def __init__(self, name: str, traces: Sequence[Trace], clock: VirtualClock, propose_seconds: float = 0.0,
-                 *, costly: bool = False, draft_seconds: tuple[float, float] = (0.0, 0.0)):
+                 *, costly: bool = False, draft_seconds: tuple[float, float] = (0.0, 0.0),
+                 preview_seconds: float | None = None):
         self.name = name
         self.costly = costly
+        self.previews = (costly and preview_seconds is not None and bool(traces)
+                         and all(name in t.previews for t in traces))
         self._by_prompt = {tuple(t.prompt_ids): t for t in traces}
         self._clock = clock
         self._propose_seconds = propose_seconds
         self._draft_seconds = draft_seconds
+        self._preview_seconds = preview_seconds or 0.0
 
     def start(self, prompt_ids: Sequence[int]) -> "_ReplaySession":
         return _ReplaySession(self, self._by_prompt[tuple(int(t) for t in prompt_ids)])
@@ -208,6 +222,15 @@ class _ReplaySession:
         if self._position >= len(proposals):
             return Draft()
         return Draft(np.asarray(tokens, dtype=np.int32), None, self._trace.match_len[self._drafter.name][self._position])
+
+    def preview(self) -> Preview | None:
+        drafter = self._drafter
+        recorded = self._trace.previews.get(drafter.name, [])
+        drafter._clock.advance(drafter._preview_seconds)
+        if self._position >= len(recorded) or recorded[self._position] is None:
+            return None
+        token, confidence, cut_off = recorded[self._position]
+        return Preview(int(token), float(confidence), float(cut_off))
 
     def observe(self, new_tokens, hidden_states=None) -> None:
         self._position += len(new_tokens)
@@ -258,14 +281,16 @@ def calibrate_from(model: CostModel, platform: CostModel, reps: int = 3, max_tok
 
 def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], platform: CostModel, *,
                   max_draft_len: int, eos_id: int, cost_model: CostModel | None = None,
-                  costly: dict[str, tuple[float, float]] | None = None) -> dict:
+                  costly: dict[str, tuple[float, float]] | None = None,
+                  preview_seconds: dict[str, float] | None = None) -> dict:
     """Run ``policy`` over the traces in order (one server: shared statistics carry over);
     returns per-trace decode seconds (prefill excluded), steps, tokens and identity.
     ``cost_model``: the controller's own model (default: a fresh one), calibrated from the
     platform as serving calibrates it when the target loads, then learning online.
     ``costly``: drafter -> (per call, per drafted token) in seconds, for the drafters that
-    propose only when chosen (Eagle)."""
-    costly = costly or {}
+    propose only when chosen (Eagle); ``preview_seconds``: drafter -> seconds per preview,
+    for the costly drafters replayed with previews on (when recorded)."""
+    costly, preview_seconds = costly or {}, preview_seconds or {}
     from banditspec.config import GenerationRequest, Limits
     from banditspec.decoder import SpeculativeDecoder
     from banditspec.decoding import run_to_completion
@@ -273,7 +298,8 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
     clock = VirtualClock()
     engine = ReplayEngine(traces, platform, clock, eos_id=eos_id)
     drafter_names = sorted({a.partition("@")[0] for a in arms if a != "vanilla"})
-    drafters = {d: ReplayDrafter(d, traces, clock, costly=d in costly, draft_seconds=costly.get(d, (0.0, 0.0)))
+    drafters = {d: ReplayDrafter(d, traces, clock, costly=d in costly, draft_seconds=costly.get(d, (0.0, 0.0)),
+                                 preview_seconds=preview_seconds.get(d))
                 for d in drafter_names}
     decoder = SpeculativeDecoder(
         drafters=drafters, vocab_size=engine.vocab_size, max_context=engine.max_context, eos_id=eos_id,

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from banditspec.bandits.cost_model import CostModel
-from banditspec.bandits.costaware import CostAwarePolicy, context_bucket
+from banditspec.bandits.costaware import CostAwarePolicy, confidence_level, context_bucket
 from banditspec.config import ArmSpec
-from banditspec.costaware_rounds import CostAwareRounds
-from banditspec.drafters.base import Draft
+from banditspec.costaware_rounds import EXPLORE_DEEPER_BELOW, CostAwareRounds
+from banditspec.drafters.base import Draft, Preview
 from banditspec.replay import VirtualClock
 
 FLAT = [1.0 + 0.02 * i for i in range(5)]  # verify cost of k tokens / cost of one (L = 4)
@@ -30,12 +30,21 @@ class Costly:
     costly = True
 
 
-class Harness:
-    """proposals: drafter name -> f(sequence, max_len) -> token ids (or None: the drafter failed)."""
+class Previewing(Costly):
+    """A costly drafter that previews its first token (Eagle in process)."""
 
-    def __init__(self, drafters: dict, proposals: dict, curve=FLAT, max_len: int = 4):
+    previews = True
+
+
+class Harness:
+    """proposals: drafter name -> f(sequence, max_len) -> token ids (or None: the drafter failed);
+    previews: drafter name -> f(sequence) -> Preview | None, for previewing drafters."""
+
+    def __init__(self, drafters: dict, proposals: dict, curve=FLAT, max_len: int = 4, previews: dict | None = None):
         self.drafters = drafters
         self.proposals = proposals
+        self.previews = previews or {}
+        self.previewed: list[str] = []  # drafter of each preview asked for
         self.controller = CostAwarePolicy(list(drafters), max_len, CostModel.fixed(curve), None)
         self.rounds = CostAwareRounds(self.controller, self.controller.cost_model, VirtualClock())
         self.arms = [ArmSpec(name, max_len) for name in drafters]
@@ -63,9 +72,14 @@ class Harness:
         ids = self.proposals[arm.drafter](self.sequence, max_len)
         return None if ids is None else Draft(token_ids=np.asarray(ids, dtype=np.int32)[:max_len])
 
+    def preview(self, arm):
+        self.previewed.append(arm.drafter)
+        return self.previews[arm.drafter](self.sequence)
+
     def choose(self, sequence, limit=4):
         self.sequence = list(sequence)
-        return self.rounds.choose(self.arms, self.available, limit, len(sequence), self.drafters.get, self.propose)
+        return self.rounds.choose(self.arms, self.available, limit, len(sequence), self.drafters.get, self.propose,
+                                  self.preview)
 
 
 def test_no_room_for_a_draft_asks_no_drafter():
@@ -155,3 +169,82 @@ def test_the_context_is_the_outcome_of_the_drafters_latest_proposal_by_position(
     h.rounds.score(sequence)
     h.choose(sequence)  # round 4: the latest decided first token is round 2's, wrong
     assert h.candidates[-1][0].bucket == context_bucket(0, last_hit=False)
+
+
+# --- a costly drafter that previews its first token (Eagle in process) --------------------
+def target_token(position: int) -> int:
+    """The scripted target's token at ``position``."""
+    return 100 + position % 7
+
+
+def right_preview(confidence: float, cut_off: float = 0.4):
+    return lambda sequence: Preview(target_token(len(sequence)), confidence, cut_off)
+
+
+def test_a_preview_is_scored_every_round_it_is_not_pulled():
+    """Full information on the first position: a previewing drafter's first token is learned
+    at every round it is asked for, under its confidence level, without ever being pulled (a
+    steep verify curve: the prior alone does not justify a pull); once its evidence says it
+    cannot win even in its best context, it is no longer asked (a preview costs a head call)."""
+    h = Harness({"e": Previewing()}, {"e": lambda s, n: [999] * n}, curve=STEEP,
+                previews={"e": lambda s: Preview(999, 0.9, 0.4)})  # confident, always wrong
+    sequence = [5, 6]
+    for _ in range(12):
+        h.choose(sequence)
+        sequence.append(target_token(len(sequence)))
+        h.rounds.score(sequence)
+    local = h.controller.local["e"]
+    asked = len(h.previewed)
+    assert 3 <= asked < 12 and h.previewed == ["e"] * asked
+    assert local.offered[:, 0].sum() == asked and local.accepted.sum() == 0  # one outcome per preview
+    assert local.offered[context_bucket(confidence_level(0.9), agreed=False, last_hit=False), 0] == asked - 1
+    assert h.calls == []
+
+
+def test_a_preview_that_would_decline_is_not_offered_and_costs_no_proposal():
+    h = Harness({"e": Previewing()}, {"e": lambda s, n: [1] * n}, previews={"e": lambda s: Preview(7, 0.2, 0.4)})
+    index, draft = h.choose([5, 6])
+    assert index is None and len(draft) == 0
+    assert h.calls == [] and h.previewed == ["e"]
+    assert [c.drafter for c in h.candidates[-1]] == []  # not a candidate at all
+    assert h.controller.local["e"].offered.sum() == 0  # nothing learned from a preview not offered
+
+
+def test_a_pulled_previewing_drafter_drafts_one_token_more_while_deeper_positions_are_unknown():
+    """The verified draft is the chosen length; the proposal asked for is one longer while the
+    position after it has few outcomes, and that extra token is scored once the target speaks."""
+    h = Harness({"e": Previewing()}, {"e": lambda s, n: [target_token(len(s) + i) for i in range(n)]},
+                previews={"e": right_preview(0.95)})
+    sequence = [5, 6]
+    for _ in range(60):
+        index, draft = h.choose(sequence)
+        if index is not None:
+            asked = h.calls[-1][1]
+            assert asked in (len(draft), len(draft) + 1) and asked >= len(draft)
+        sequence += [target_token(len(sequence) + i) for i in range(len(draft) + 1)]
+        h.rounds.score(sequence)
+    lengths = [n for _, n in h.calls]
+    assert any(n > 1 for n in lengths)  # the deeper positions were learned: the length grew
+    assert h.calls[-1][1] == 4  # ... to the cap
+    local = h.controller.local["e"]
+    assert local.offered[:, 3].sum() >= EXPLORE_DEEPER_BELOW / 2  # outcomes at the 4th position, all right
+    assert (local.accepted == local.offered).all()
+
+
+def test_a_preview_is_not_asked_when_the_drafter_cannot_win():
+    """A preview costs a head call: when even the drafter's most favourable context cannot beat
+    the cheap proposal on offer, it is not asked for (its utility bound is below the floor)."""
+    h = Harness({"a": Cheap(), "e": Previewing()},
+                {"a": lambda s, n: [target_token(len(s) + i) for i in range(n)], "e": lambda s, n: [0] * n},
+                curve=STEEP, previews={"e": lambda s: Preview(999, 0.9, 0.4)})
+    sequence = [5, 6]
+    for _ in range(30):
+        h.choose(sequence)
+        sequence += [target_token(len(sequence) + i) for i in range(5)]
+        h.rounds.score(sequence)
+    assert 1 <= len(h.previewed) < 15  # asked while unknown, then no longer
+    controller = h.controller
+    candidate = next(c for c in h.candidates[-1] if c.drafter == "a")
+    floor = controller.best([candidate], 4, len(sequence)).utility
+    from banditspec.bandits.costaware import Candidate
+    assert controller.utility_bound(Candidate("e", 4, 0, True, previewed=True), 4, len(sequence)) <= floor

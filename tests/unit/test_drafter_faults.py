@@ -12,7 +12,7 @@ import pytest
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L, GenerationRequest
 from banditspec.decoder import SpeculativeDecoder
 from banditspec.decoding import run_to_completion
-from banditspec.drafters.base import Draft
+from banditspec.drafters.base import Draft, Preview
 from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
 from banditspec.drafters.registry import build_drafters
 from banditspec.drafting import RequestDrafters
@@ -159,6 +159,11 @@ class Session:
     def observe(self, tokens, hidden_states=None):
         pass
 
+    def preview(self):
+        if self.fail_in == "preview":
+            raise InjectedFault("preview")
+        return Preview(int(self.ids[0]), 0.9) if len(self.ids) else None
+
     def close(self, finished):
         self.closed = finished
         if self.fail_in == "close":
@@ -212,3 +217,18 @@ def test_a_drafter_whose_close_raises_does_not_fail_the_end_of_a_request():
     decoder = SpeculativeDecoder.for_engine(engine, {"right": ScriptedDrafter("right", oracle(engine)), "bad": bad})
     request = GenerationRequest(PROMPT, 12, policy="ucbspec", arms=["right", "bad"])
     assert run_to_completion(engine, decoder.start(request)).token_ids == engine.vanilla(PROMPT, 12)
+
+
+@pytest.mark.parametrize("ids, fail_in, outcome", [([7, 8], None, "ok"), ([60], None, "ValueError"),
+                                                  ([7], "preview", "InjectedFault")])
+def test_a_preview_that_fails_or_names_an_id_outside_the_vocabulary_drops_its_drafter(ids, fail_in, outcome):
+    """A preview is checked as a proposal is: a raise or an id outside the vocabulary (50 here)
+    costs the drafter its arms for the rest of the request, never the request."""
+    rd, dropped = request_drafters({"d": Fixed(ids, fail_in)})
+    assert rd.previews("d")
+    preview = rd.preview("d")
+    if outcome == "ok":
+        assert preview == Preview(7, 0.9) and dropped == {}
+    else:
+        assert preview is None and dropped == {"d": f"preview failed: {outcome}"} and rd.names() == []
+        assert rd.preview("d") is None and not rd.previews("d")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from banditspec.drafters.eagle import EAGLE1_WEIGHTS, EagleDrafter, load_default_eagle_drafter
+from banditspec.drafters.eagle import EAGLE1_WEIGHTS, EagleDrafter, int8_head, load_default_eagle_drafter
 from banditspec.eagle.head import EagleConfig, EagleHead, load_head, save_head
 from banditspec.errors import BanditSpecValidationError
 from banditspec_train.eagle.evaluate import greedy_speculative
@@ -263,6 +263,53 @@ def test_int8_drafting_keeps_the_heads_choices_close_and_the_loop_lossless(tiny)
     plain = greedy_speculative(tiny, int8, prompt, gamma=0, max_new_tokens=24, eos_id=None)
     spec = greedy_speculative(tiny, int8, prompt, gamma=4, max_new_tokens=24, eos_id=None)
     assert spec.output_ids == plain.output_ids
+
+
+def test_fast_step_is_the_heads_step(tiny):
+    """The drafting runner (fused projections, a cache written in place, rope from a table)
+    computes what EagleHead.step computes, over prefills, single steps, a speculative tail
+    forgotten by truncate, and a cache that outgrows its first allocation."""
+    from banditspec.eagle.fast_step import FastEagleStep
+
+    head = make_head(tiny)
+    emb, feats = torch.randn(1, 200, 64), torch.randn(1, 200, 64)
+    for int8 in (False, True):
+        reference = int8_head(head) if int8 else head
+        fast = FastEagleStep(head, int8, rope_positions=16)  # the rope table grows too
+        cache = fast.new_cache()
+        k, v = reference.empty_cache()
+        with torch.inference_mode():
+            for a, b in [(0, 7), (7, 8), (8, 12), (12, 140), (140, 141), (141, 200)]:
+                expected, k, v = reference.step(emb[:, a:b], feats[:, a:b], k, v)
+                got = fast.step(emb[:, a:b], feats[:, a:b], cache)
+                torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+                # a speculative step past the real pairs, then forgotten
+                fast.step(emb[:, :1], torch.randn(1, 1, 64), cache)
+                cache.truncate(b)
+            assert cache.length == 200 and cache.k.shape[2] >= 200
+            torch.testing.assert_close(cache.k[:, :, :200], k, rtol=1e-4, atol=1e-4)
+
+
+def test_preview_is_the_first_token_of_the_next_proposal_and_its_probability(drafter, tiny):
+    ids = random_ids(24, seed=13)
+    session, hidden = started(drafter, tiny, ids, 12)
+    assert drafter.start(ids[:12]).preview() is None  # no features yet: nothing to preview
+    first = session.preview()
+    proposal = session.propose(4).token_ids.tolist()
+    assert first.token == proposal[0] and first.cut_off == drafter.min_confidence == 0.0
+    logits = drafter.logits(session._commit_pending())
+    assert first.confidence == pytest.approx(float(torch.softmax(logits, -1).max()), rel=1e-5)
+    assert session.preview() == first and session.propose(4).token_ids.tolist() == proposal  # nothing moved
+    session.observe(ids[13:15], hidden[12:14])  # the target spoke: a new preview, as a fresh session's
+    fresh, _ = started(drafter, tiny, ids, 14)
+    now, expected = session.preview(), fresh.preview()
+    assert now.token == expected.token and now.confidence == pytest.approx(expected.confidence, abs=1e-4)
+    assert now.token == session.propose(1).token_ids.tolist()[0]
+    cautious = EagleDrafter(drafter.head, drafter.embedding, min_confidence=0.999)
+    doubtful, _ = started(cautious, tiny, ids, 12)
+    assert doubtful.preview().declines and len(doubtful.propose(4)) == 0
+    doubtful.close(finished=True)
+    assert doubtful.preview() is None
 
 
 def test_speculative_loop_output_equals_plain_greedy(drafter, tiny):

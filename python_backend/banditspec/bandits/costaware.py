@@ -47,6 +47,16 @@ MATCH_BUCKETS = 4  # match length 0 (unknown), 1, 2, >= 3
 CONTEXT_BUCKETS = 6 * MATCH_BUCKETS
 
 
+# A costly drafter's preview confidence (the head's probability of its first token) in
+# levels that take the match length's place in the context: < 0.55, < 0.7, < 0.85, >= 0.85.
+CONFIDENCE_LEVELS = (0.55, 0.7, 0.85)
+
+
+def confidence_level(confidence: float) -> int:
+    """0 .. MATCH_BUCKETS - 1: a drafter's probability of its first token, bucketed."""
+    return sum(confidence >= edge for edge in CONFIDENCE_LEVELS)
+
+
 def context_bucket(match_len: int, agreed: bool = False, last_hit: bool | None = None) -> int:
     """The context of a proposal: its match length (bucketed); whether another cheap
     drafter, from its own evidence, proposes the same next token; and whether this
@@ -130,6 +140,7 @@ class Candidate:
     costly: bool = False
     draft_seconds_per_call: float = 0.0  # what proposing costs (costly drafters; cheap ones
     draft_seconds_per_token: float = 0.0  # propose every round anyway, a sunk cost)
+    previewed: bool = False  # a costly drafter whose first token is scored every round (no optimism needed)
 
 
 @dataclass(frozen=True)
@@ -212,6 +223,12 @@ class CostAwarePolicy:
     def choose(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None) -> Choice:
         """The best (drafter, gamma) for this round, plain decoding included; ``context``:
         the tokens before the round (prompt + generated), which the verify cost grows with."""
+        best = self.best(candidates, gamma_cap, context)
+        self.rounds += 1
+        return best
+
+    def best(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None) -> Choice:
+        """What :meth:`choose` would choose, without counting a round."""
         curve = self.cost_model.curve(context)
         cap = max(0, min(gamma_cap, self.max_len, len(curve) - 2))
         best = Choice(PLAIN, 0, 1.0, 1.0 / curve[1])
@@ -219,7 +236,8 @@ class CostAwarePolicy:
             top = min(candidate.max_gamma, cap)
             if top <= 0:
                 continue
-            survival = self.survival(candidate.drafter, candidate.bucket, optimistic=candidate.costly)
+            optimistic = candidate.costly and not candidate.previewed
+            survival = self.survival(candidate.drafter, candidate.bucket, optimistic=optimistic)
             expected = 1.0 + np.cumsum(survival[:top])  # [top]: index gamma - 1
             seconds = (curve[2 : top + 2] + candidate.draft_seconds_per_call
                        + candidate.draft_seconds_per_token * np.arange(1, top + 1))
@@ -227,8 +245,42 @@ class CostAwarePolicy:
             g = int(np.argmax(utility))  # the shortest of equally good lengths
             if utility[g] > best.utility * (1 + 1e-9):
                 best = Choice(candidate.drafter, g + 1, float(expected[g]), float(utility[g]))
-        self.rounds += 1
         return best
+
+    def utility_bound(self, candidate: Candidate, gamma_cap: int, context: int | None = None) -> float:
+        """The best utility ``candidate``'s drafter could have in any context (the most
+        favourable bucket): when even that cannot beat the round's best choice, there is no
+        point in asking the drafter for its context (a preview costs a head call)."""
+        curve = self.cost_model.curve(context)
+        top = max(0, min(candidate.max_gamma, gamma_cap, self.max_len, len(curve) - 2))
+        counts = self.local.get(candidate.drafter)
+        if top <= 0 or counts is None:
+            return 0.0
+        offered, accepted = counts.offered[:, :top].copy(), counts.accepted[:, :top].copy()
+        prior = self.prior.get(candidate.drafter)
+        if prior is not None:
+            offered += prior.offered[:, :top]
+            accepted += prior.accepted[:, :top]
+        hazard = (accepted + self._a0) / (offered + self._a0 + self._b0)  # [buckets, top]
+        # Optimism on the first position, by the drafter's evidence over all its contexts:
+        # a drafter little asked is asked (its preview is how it learns); a well-known one is
+        # judged on its estimates (a bonus per unseen context would keep every one alive).
+        evidence = self.evidence.get(candidate.drafter)
+        seen = counts.offered[:, 0].sum() + (evidence[:, 0].sum() if evidence is not None else 0.0)
+        hazard[:, 0] = np.minimum(1.0, hazard[:, 0] + self._optimism * math.sqrt(math.log(self.rounds + 2) / (seen + 1.0)))
+        survival = np.cumprod(hazard, axis=1)
+        seconds = (curve[2 : top + 2] + candidate.draft_seconds_per_call
+                   + candidate.draft_seconds_per_token * np.arange(1, top + 1))
+        return float(((1.0 + np.cumsum(survival, axis=1)) / seconds).max())
+
+    def seen(self, drafter: str, bucket: int, position: int) -> float:
+        """How many outcomes at draft position ``position`` (0-based) in ``bucket`` this
+        request and the server (undecayed evidence) hold for ``drafter``."""
+        counts = self.local.get(drafter)
+        if counts is None or not 0 <= position < self.max_len:
+            return 0.0
+        evidence = self.evidence.get(drafter)
+        return float(counts.offered[bucket, position] + (evidence[bucket, position] if evidence is not None else 0.0))
 
     # -- learning --------------------------------------------------------------------
     def record(self, drafter: str, bucket: int, proposed: int, accepted: int, known: int, already: int = 0) -> int:

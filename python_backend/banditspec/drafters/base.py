@@ -13,6 +13,12 @@ Life of a session::
                                                  # step (accepted draft + target token),
                                                  # for every session, chosen or not
     session.close(finished=True)                 # request ended (global indexes may learn)
+
+A costly drafter's session (Eagle) may also offer ``preview() -> Preview | None``: the token
+its next proposal would start with and its confidence in it, at a fraction of a proposal's
+cost (the state it must catch up on anyway, plus one scoring of its LM head). The costaware
+controller then chooses with that confidence as context, never pulls a drafter that would
+decline, and learns the first token's acceptance at every round (full information).
 """
 
 from __future__ import annotations
@@ -47,6 +53,21 @@ class Draft:
         return int(self.token_ids.shape[0])
 
 
+@dataclass(frozen=True)
+class Preview:
+    """The first token a costly drafter's next proposal would hold, and its confidence in it
+    (the drafter's own probability, in [0, 1]); ``cut_off``: below this confidence its
+    proposal would be empty (it declines)."""
+
+    token: int
+    confidence: float
+    cut_off: float = 0.0
+
+    @property
+    def declines(self) -> bool:
+        return self.confidence < self.cut_off
+
+
 class DraftSession(Protocol):
     def propose(self, max_len: int) -> Draft:
         """Propose at most ``max_len`` tokens continuing prompt + everything observed."""
@@ -60,6 +81,11 @@ class DraftSession(Protocol):
 
     def close(self, finished: bool) -> None:
         """End of request; ``finished`` is False when it was cancelled or failed."""
+
+
+class PreviewingSession(DraftSession, Protocol):
+    def preview(self) -> Preview | None:
+        """The first token of the next proposal and the drafter's confidence (None: none now)."""
 
 
 class Drafter(Protocol):

@@ -3,8 +3,9 @@
 A session keeps the head's KV cache over the *real* pairs (f_i, x_{i+1}) only, i.e. the
 target's features from ``observe`` (EAGLE-3: the outputs of the target's low, middle and
 high decoder layers, fused by the head's ``fc``; EAGLE-1: the last post-norm state).
-``propose`` first feeds the pairs that arrived since the last call (one small prefill),
-then drafts token by token, feeding back its own state and drafted token; those
+``propose`` (and ``preview``) first feed the pairs that arrived since the last call (one
+small prefill); ``preview`` then scores the first token only (the costaware controller asks
+for it every round, so the catch-up stays a few positions long); ``propose`` drafts token by token, feeding back its own state and drafted token; those
 speculative cache entries are dropped when ``propose`` returns. So after a rejection nothing needs undoing: the next ``propose``
 continues from the real features the target returned for the accepted tokens, and the state
 equals a fresh session over the same tokens.
@@ -23,9 +24,10 @@ import numpy as np
 import torch
 
 from banditspec.checks import is_int
-from banditspec.drafters.base import Draft, first_feature
+from banditspec.drafters.base import Draft, Preview, first_feature
 from banditspec.engine.fast_llama import Int8Linear
 from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS
+from banditspec.eagle.fast_step import FastEagleStep, KVBuffer
 from banditspec.eagle.head import EagleHead, load_head
 from banditspec.eagle.head3 import Eagle3Head, head_format, head_info, load_head3
 from banditspec.errors import BanditSpecValidationError
@@ -58,6 +60,14 @@ DEFAULT_INT8 = True
 # engine_build/eagle/README.md). The target is asked for those states only, so a cached prompt
 # prefix is reused up to the window. None: the whole prompt.
 DEFAULT_PROMPT_WINDOW: int | None = 64
+# Whether the costaware controller asks the head for a preview (its first token and its
+# probability) every round, and so chooses it with its confidence as context, never pulls it
+# to see it decline, and learns its first token's acceptance every round. Off by default:
+# measured side by side (docs/benchmarks/README.md, "ninth session"), a preview costs ~4 ms
+# a round here (the head's catch-up plus its LM head, weights cold after a target forward),
+# about what the better choices gain with this head; pulled blind, the head costs only in
+# the rounds that choose it. Sessions offer preview() either way.
+DEFAULT_PREVIEWS = False
 
 
 class _Int8Module(torch.nn.Module):
@@ -85,6 +95,35 @@ def int8_head(head: EagleHead | Eagle3Head) -> EagleHead | Eagle3Head:
     return quantized.eval()
 
 
+class _ConcatCache:
+    """A head's KV cache as the head's own ``step`` extends it (by concatenation): the
+    EAGLE-3 head's, which has no fast runner; same interface as :class:`KVBuffer`."""
+
+    def __init__(self, head: EagleHead | Eagle3Head):
+        self.k, self.v = head.empty_cache()
+
+    @property
+    def length(self) -> int:
+        return int(self.k.shape[2])
+
+    def truncate(self, length: int) -> None:
+        self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
+class _HeadStep:
+    """Runs a head's own ``step`` on a :class:`_ConcatCache` (FastEagleStep's interface)."""
+
+    def __init__(self, head: EagleHead | Eagle3Head):
+        self.head = head
+
+    def new_cache(self) -> _ConcatCache:
+        return _ConcatCache(self.head)
+
+    def step(self, embeddings: torch.Tensor, features: torch.Tensor, cache: _ConcatCache) -> torch.Tensor:
+        predicted, cache.k, cache.v = self.head.step(embeddings, features, cache.k, cache.v)
+        return predicted
+
+
 class EagleDrafter:
     """Shared, read-only: the head and the target's embedding matrix.
 
@@ -97,6 +136,7 @@ class EagleDrafter:
     prompt_window: the head reads only the prompt's latest ``prompt_window`` positions (and
         every position after them); None: the whole prompt. The decoding loop asks the target
         for those positions' states alone (:func:`~banditspec.drafters.base.first_feature`).
+    previews: the costaware controller previews the head every round (see DEFAULT_PREVIEWS).
     """
 
     name = "eagle"
@@ -108,12 +148,14 @@ class EagleDrafter:
     runs_inline = True
 
     def __init__(self, head: EagleHead | Eagle3Head, embedding: torch.Tensor, stop_ids: Sequence[int] = (),
-                 min_confidence: float = 0.0, int8: bool = False, prompt_window: int | None = None):
+                 min_confidence: float = 0.0, int8: bool = False, prompt_window: int | None = None,
+                 previews: bool = False):
         if not 0.0 <= float(min_confidence) < 1.0:
             raise BanditSpecValidationError("min_confidence", f"must be in [0, 1), got {min_confidence!r}")
         if prompt_window is not None and not (is_int(prompt_window) and prompt_window >= 1):
             raise BanditSpecValidationError("prompt_window", f"must be None or an int >= 1, got {prompt_window!r}")
         self.prompt_window = prompt_window
+        self.previews = bool(previews)  # read by banditspec.costaware_rounds
         self.min_confidence = float(min_confidence)
         cfg = head.config
         if embedding.ndim != 2 or tuple(embedding.shape) != (cfg.target_vocab_size, cfg.hidden_size):
@@ -122,6 +164,10 @@ class EagleDrafter:
                 f"got {tuple(embedding.shape)}")
         self.int8 = bool(int8)
         self.head = int8_head(head) if self.int8 else head.eval()
+        # What runs the head while drafting: EAGLE-1 has a fused runner (same math, ~35 %
+        # faster at a few positions: eagle/fast_step.py); EAGLE-3 runs its own step
+        self.stepper: FastEagleStep | _HeadStep = (
+            _HeadStep(self.head) if isinstance(head, Eagle3Head) else FastEagleStep(head.eval(), self.int8))
         self.embedding = embedding.detach().to(torch.float32)
         self.draft_vocab = head.draft_vocab.to(torch.int64)
         # EAGLE-1 scores drafts with the target's own LM-head rows; EAGLE-3 has its own LM head
@@ -130,6 +176,17 @@ class EagleDrafter:
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         # Which target states a step must return (VerifyRequest.hidden_layers): () = the last one
         self.feature_layers: tuple[int, ...] = tuple(head.config.aux_layers) if isinstance(head, Eagle3Head) else ()
+
+    def step(self, embeddings: torch.Tensor, features: torch.Tensor, cache: KVBuffer | _ConcatCache) -> torch.Tensor:
+        """Run the head over T pairs appended to ``cache`` (a session's, from ``new_cache``)."""
+        if isinstance(cache, KVBuffer):
+            assert isinstance(self.stepper, FastEagleStep)
+            return self.stepper.step(embeddings, features, cache)
+        assert isinstance(self.stepper, _HeadStep)
+        return self.stepper.step(embeddings, features, cache)
+
+    def new_cache(self) -> KVBuffer | _ConcatCache:
+        return self.stepper.new_cache()
 
     @property
     def hidden_size(self) -> int:
@@ -175,9 +232,10 @@ class EagleSession:
         self.first_feature = first_feature(len(self.tokens), drafter.prompt_window)
         self.num_features = self.first_feature  # positions first_feature .. num_features-1 have f_i
         self.pending: list[torch.Tensor] = []  # features of positions committed .. num_features-1
-        self.cache_k, self.cache_v = drafter.head.empty_cache()  # real pairs first_feature .. committed-1
+        self.cache: KVBuffer | _ConcatCache = drafter.new_cache()  # real pairs first_feature .. committed-1
         self.committed = self.first_feature
         self._last_predicted: torch.Tensor | None = None  # f^ after the last real pair
+        self._first: tuple[int, int, float] | None = None  # (committed, token, confidence) of the last preview
         self.closed = False
 
     # --- protocol --------------------------------------------------------------------
@@ -185,21 +243,37 @@ class EagleSession:
     def propose(self, max_len: int) -> Draft:
         if max_len <= 0 or self.closed or not self.can_draft:
             return Draft()
-        head = self.drafter.head
+        drafter = self.drafter
         predicted = self._commit_pending()  # f^ of the next position, [1, 1, H]
         proposed: list[int] = []
-        k, v = self.cache_k, self.cache_v
+        real = self.cache.length  # drafted pairs go past it and are forgotten on return
         embedding = self.drafter.embedding
+        first = self._first if self._first is not None and self._first[0] == self.committed else None
         while True:
-            token, confidence = self._argmax(predicted)
+            if first is not None:  # scored by preview() at this very state
+                (_, token, confidence), first = first, None
+            else:
+                token, confidence = self._argmax(predicted)
             if confidence < self.drafter.min_confidence:
                 break
             proposed.append(token)
             if len(proposed) >= max_len or token in self.drafter.stop_ids:
                 break
-            predicted, k, v = head.step(embedding[token].view(1, 1, -1), predicted, k, v)
-            predicted = predicted[:, -1:]
+            predicted = drafter.step(embedding[token].view(1, 1, -1), predicted, self.cache)[:, -1:]
+        self.cache.truncate(real)
         return Draft(token_ids=np.asarray(proposed, dtype=np.int32))
+
+    @torch.inference_mode()
+    def preview(self) -> Preview | None:
+        """The first token ``propose`` would draft now and the head's probability of it;
+        None when the session cannot draft (no features yet, a gap, closed)."""
+        if self.closed or not self.can_draft:
+            return None
+        predicted = self._commit_pending()
+        if self._first is None or self._first[0] != self.committed:
+            token, confidence = self._argmax(predicted, always=True)
+            self._first = (self.committed, token, confidence)
+        return Preview(self._first[1], self._first[2], self.drafter.min_confidence)
 
     def observe(self, new_tokens: Sequence[int] | np.ndarray, hidden_states: np.ndarray | None = None) -> None:
         if self.closed:
@@ -224,9 +298,18 @@ class EagleSession:
     def close(self, finished: bool) -> None:
         self.closed = True
         self.pending.clear()
-        self.cache_k, self.cache_v = self.drafter.head.empty_cache()  # frees the cache: a closed session never drafts
+        self.cache = self.drafter.new_cache()  # frees the cache: a closed session never drafts
 
     # --- internals -------------------------------------------------------------------
+    @property
+    def cache_k(self) -> torch.Tensor:
+        """The real pairs' keys [1, nkv, committed - first_feature, d]."""
+        return self.cache.k[:, :, : self.cache.length]
+
+    @property
+    def cache_v(self) -> torch.Tensor:
+        return self.cache.v[:, :, : self.cache.length]
+
     @property
     def can_draft(self) -> bool:
         """Features of every position but the last: f_first .. f_{n-2} with n tokens."""
@@ -241,25 +324,25 @@ class EagleSession:
 
     def _commit_pending(self) -> torch.Tensor:
         """Feed real pairs committed .. num_features-1 into the cache; f^ of the last one."""
-        head, emb_matrix = self.drafter.head, self.drafter.embedding
+        emb_matrix = self.drafter.embedding
         if self.pending:
             features = torch.cat(self.pending).unsqueeze(0)  # [1, T, H]
             next_tokens = torch.tensor(self.tokens[self.committed + 1: self.num_features + 1])
-            predicted, self.cache_k, self.cache_v = head.step(
-                emb_matrix[next_tokens].unsqueeze(0), self.drafter.real_input(features),
-                self.cache_k, self.cache_v)
+            predicted = self.drafter.step(
+                emb_matrix[next_tokens].unsqueeze(0), self.drafter.real_input(features), self.cache)
             self.pending = []
             self.committed = self.num_features
             self._last_predicted = predicted[:, -1:]
         assert self._last_predicted is not None, "a session drafts only once it has features"
         return self._last_predicted
 
-    def _argmax(self, predicted: torch.Tensor) -> tuple[int, float]:
-        """(target id of the head's top draft token, its probability; 1.0 when not needed)."""
+    def _argmax(self, predicted: torch.Tensor, always: bool = False) -> tuple[int, float]:
+        """(target id of the head's top draft token, its probability; 1.0 when not needed
+        unless ``always``)."""
         logits = self.drafter.logits(predicted)
         best = int(logits.argmax())
         confidence = 1.0
-        if self.drafter.min_confidence > 0:
+        if always or self.drafter.min_confidence > 0:
             confidence = float(torch.softmax(logits, dim=-1)[best])
         return int(self.drafter.draft_vocab[best]), confidence
 
@@ -287,7 +370,8 @@ def head_feature_layers(weights: Path = DEFAULT_WEIGHTS) -> tuple[int, ...]:
 
 def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS,
                                min_confidence: float | None = None, int8: bool = DEFAULT_INT8,
-                               prompt_window: int | None = DEFAULT_PROMPT_WINDOW) -> EagleDrafter:
+                               prompt_window: int | None = DEFAULT_PROMPT_WINDOW,
+                               previews: bool = DEFAULT_PREVIEWS) -> EagleDrafter:
     """The shipped head for SmolLM2-135M-Instruct, on ``target_model``'s (frozen) embedding.
     ``min_confidence`` None: the head's own tuned cut-off (:func:`head_min_confidence`)."""
     if min_confidence is None:
@@ -302,7 +386,7 @@ def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS,
     eos = target.eos_token_id
     stop_ids = eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
     return EagleDrafter(head, embedding, stop_ids=stop_ids, min_confidence=min_confidence, int8=int8,
-                        prompt_window=prompt_window)
+                        prompt_window=prompt_window, previews=previews)
 
 
 def head_fit_problem(target_name: str, weights: Path = DEFAULT_WEIGHTS) -> str | None:
