@@ -73,7 +73,8 @@ def main() -> int:
     eagle.previews = False
     summary = summarise(rows, workloads)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)},
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    (args.out / "results.json").write_text(json.dumps({"settings": settings,
                                                        "summary": summary, "runs": rows}, indent=1) + "\n")
     text = markdown(summary, args)
     (args.out / "results.md").write_text(text)

@@ -4,11 +4,13 @@ drafter (Eagle) that proposes only when chosen and costs time per call and per t
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from banditspec.bandits.cost_model import CostModel
-from banditspec.drafters.base import Draft
+from banditspec.drafters.base import Draft, Preview
 from banditspec.replay import Trace, per_step_oracle_seconds, record_costly_proposals, record_proposals, replay_policy
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
@@ -108,6 +110,11 @@ class FeatureSession:
         self.tokens.extend(new_tokens)
         self.rows += 0 if hidden_states is None else len(hidden_states)
 
+    def preview(self):
+        if self.rows != len(self.tokens) - 1:
+            return None
+        return Preview(self.tokens[-1] + 1, 0.5 + 0.01 * len(self.tokens), 0.4)
+
     def close(self, finished):
         pass
 
@@ -128,6 +135,8 @@ def test_a_costly_drafter_is_recorded_from_the_states_decoding_would_give_it():
     # first step: the prompt's rows (0, 1, 2: row 2 produced token 4), then one row per token
     assert drafter.log == [([4], [0.0, 1.0, 2.0]), ([5], [3.0]), ([6], [4.0])]
     assert trace.proposals["eagle"] == [[], [5, 5], [6, 6]]  # nothing before the first state came
+    assert trace.previews["eagle"] == [None, [5, 0.54, 0.4], [6, 0.55, 0.4]]  # asked before each proposal
+    assert Trace.from_dict(json.loads(json.dumps(trace.as_dict()))).previews == trace.previews
     with pytest.raises(ValueError):
         record_costly_proposals(trace, "eagle", drafter, features[:4], 2)
 
@@ -153,3 +162,49 @@ def test_a_costly_drafter_is_called_only_when_chosen_and_costs_per_call_and_toke
                              costly={"eagle": (call, token)})["rows"]
     assert all(r["identical"] for r in adaptive)
     assert any(arm.startswith("eagle@") for r in adaptive for arm in r["arms"])
+
+
+def test_a_previewing_costly_drafter_is_replayed_with_its_recorded_previews_at_their_cost(monkeypatch):
+    """With a preview cost, the recorded previews are served every round the controller asks
+    (each advancing the clock by that cost), and a round whose preview would decline never
+    pulls the drafter. Without one, it is replayed blind (serving's default) and pulls decline."""
+    import banditspec.replay as replay
+
+    traces, engine = traces_for(PROMPTS, right=oracle, wrong=always_wrong)
+    for trace in traces:  # right where confident (0.9), declining at every third position (0.1)
+        trace.proposals["eagle"] = [[] if i % 3 == 0 else p[:4] for i, p in enumerate(trace.proposals["right"])]
+        trace.match_len["eagle"] = [0] * len(trace.target)
+        trace.previews["eagle"] = [[p[0] if p else 0, 0.1 if i % 3 == 0 else 0.9, 0.4]
+                                   for i, p in enumerate(trace.proposals["right"])]
+    pulls: list[int] = []  # tokens each eagle proposal gave
+    propose = replay._ReplaySession.propose
+
+    def counted(self, max_len):
+        draft = propose(self, max_len)
+        if self._drafter.name == "eagle":
+            pulls.append(len(draft))
+        return draft
+
+    monkeypatch.setattr(replay._ReplaySession, "propose", counted)
+    platform = CostModel.fixed(CURVE, ONE)
+
+    def run(preview_seconds):
+        pulls.clear()
+        rows = replay_policy(traces, "costaware", ["eagle", "wrong"], platform, max_draft_len=4, eos_id=EOS,
+                             costly={"eagle": (0.004, 0.002)}, preview_seconds=preview_seconds)["rows"]
+        assert all(r["identical"] for r in rows)
+        return rows, list(pulls)
+
+    blind, blind_pulls = run(None)
+    seen, seen_pulls = run({"eagle": 0.001})
+    assert 0 in blind_pulls  # blind: some pulls declined
+    assert seen_pulls and 0 not in seen_pulls  # previewed: a pull never declines
+    # each preview advances the clock by its cost and serves the recorded preview of its position
+    clock = replay.VirtualClock()
+    drafter = replay.ReplayDrafter("eagle", traces, clock, costly=True, preview_seconds=0.001)
+    assert drafter.previews and not replay.ReplayDrafter("eagle", traces, clock, costly=True).previews
+    session = drafter.start(traces[0].prompt_ids)
+    session.observe(traces[0].target[:1])
+    first = session.preview()
+    assert clock.now == pytest.approx(0.001)
+    assert (first.token, first.confidence, first.declines) == (traces[0].previews["eagle"][1][0], 0.9, False)
