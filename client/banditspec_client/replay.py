@@ -36,7 +36,11 @@ SURFACE_JSON = Path("docs/benchmarks/engine/engine_surface.json")  # bench-engin
 ADAPTIVE = ("costaware", "ucbspec", "exp3spec")
 K_ONLY = "costaware/k-only"  # costaware pricing rounds by k alone (no context): what context pricing adds
 COSTLY = ("eagle",)  # drafters that propose only when chosen (bandit feedback, a cost per call)
-EAGLE_COST = "0.027,0.091"
+# Eagle's cost per call (its catch-up included) and per drafted token, in one-token verifies:
+# the live cost model's draft_costs after costaware ran 18 prompts in process (6 chat, 6 code,
+# 6 code-edit; 2026-12-02, int8 head with the fused step): 4.1 ms a call + 3.4 ms a drafted
+# token against a 68.5 ms one-token round (at ~190 cached tokens, overhead included).
+EAGLE_COST = "0.06,0.05"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "from the target's states at every position, once, beside the cheap ones")
     parser.add_argument("--eagle-cost", default=EAGLE_COST,
                         help="Eagle's drafting cost as CALL,TOKEN[,PREVIEW] in units of a one-token verify "
-                             "(default: int8 head, measured: 1.1 ms a call + 3.7 ms a drafted token against a "
-                             "40.7 ms verify); a PREVIEW cost replays Eagle with previews on (every round)")
+                             "(default: int8 head, measured in costaware's loop: 4.1 ms a call + 3.4 ms a drafted "
+                             "token against a 68.5 ms round); a PREVIEW cost replays Eagle with previews on "
+                             "(every round)")
     parser.add_argument("--costs", default="steep,flat,measured,surface",
                         help="cost models: steep, flat, measured, surface (by k and context), or FILE.json")
     parser.add_argument("--batch", type=int, default=8, help="sequences per forward while recording")

@@ -16,14 +16,13 @@ import argparse
 import collections
 import sys
 
-BLIND = (0.06, 0.05)  # per call (its catch-up included), per drafted token
 PREVIEWED = (0.01, 0.05)  # per call after a preview (drafting only), per drafted token
 PREVIEW_COSTS = (0.07, 0.035, 0.015, 0.0)  # 0.07: what a preview costs in process today (~4 ms)
 
 
 def main() -> int:
     from banditspec.replay import replay_policy
-    from banditspec_client.replay import _prompts, _surface_model, add_arguments, record
+    from banditspec_client.replay import EAGLE_COST, _prompts, _surface_model, add_arguments, parse_eagle_cost, record
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
@@ -36,7 +35,8 @@ def main() -> int:
     if "eagle" not in drafters:
         print("--drafters must include eagle")
         return 1
-    configs = [("Eagle blind (default)", BLIND, None), ("no Eagle", None, None)]
+    blind = parse_eagle_cost(EAGLE_COST)[:2]  # measured: per call (its catch-up included), per drafted token
+    configs = [("Eagle blind (default)", blind, None), ("no Eagle", None, None)]
     configs += [(f"previews at {p:g}", PREVIEWED, p) for p in PREVIEW_COSTS]
     kinds = sorted({t.kind for t in traces})
     rates: dict[str, dict[str, tuple[float, float]]] = {}
