@@ -65,9 +65,8 @@ class RequestDrafters:
             log.warning("drafter %s failed: %s", name, exc)
             self.drop(name, f"propose failed: {type(exc).__name__}")
             return None
-        if self._deadline is not None and time.perf_counter() - began > self._deadline:
-            # Lossless either way: this draft is still verified, but the arm is too slow to keep.
-            self.drop(name, "deadline exceeded")
+        # Lossless either way: this draft is still verified, but the arm is too slow to keep.
+        self._drop_if_late(name, began)
         return Draft(token_ids=ids.astype(np.int32), probs=probs, match_len=int(getattr(draft, "match_len", 0)))
 
     def previews(self, name: str) -> bool:
@@ -89,10 +88,14 @@ class RequestDrafters:
             log.warning("drafter %s failed to preview: %s", name, exc)
             self.drop(name, f"preview failed: {type(exc).__name__}")
             return None
-        if self._deadline is not None and time.perf_counter() - began > self._deadline:
+        return None if self._drop_if_late(name, began) else preview
+
+    def _drop_if_late(self, name: str, began: float) -> bool:
+        """Drop drafter ``name`` when its call, begun at ``began``, overran the deadline."""
+        late = self._deadline is not None and time.perf_counter() - began > self._deadline
+        if late:
             self.drop(name, "deadline exceeded")
-            return None
-        return preview
+        return late
 
     def _call(self, session: DraftSession, max_len: int, inline: bool) -> Draft:
         """``session.propose(max_len)``, bounded by the deadline when there is one.

@@ -151,6 +151,13 @@ class Choice:
     utility: float  # expected tokens per second
 
 
+def _round_seconds(candidate: Candidate, curve: np.ndarray, top: int) -> np.ndarray:
+    """float64 [top]: what a round drafting gamma = 1..top tokens with ``candidate`` costs
+    (the verify of 1 + gamma tokens, plus a costly drafter's drafting)."""
+    return (curve[2 : top + 2] + candidate.draft_seconds_per_call
+            + candidate.draft_seconds_per_token * np.arange(1, top + 1))
+
+
 class CostAwarePolicy:
     """One request's controller (see the module docstring)."""
 
@@ -195,17 +202,21 @@ class CostAwarePolicy:
         self.rounds = 0
 
     # -- estimates -------------------------------------------------------------------
-    def survival(self, drafter: str, bucket: int, optimistic: bool = False) -> np.ndarray:
-        """float64 [L]: P(accepted >= j), j = 1..L, for a draft of L tokens."""
-        offered = self.local[drafter].offered[bucket].copy()
-        accepted = self.local[drafter].accepted[bucket].copy()
+    def _hazard(self, drafter: str, bucket: int | slice) -> np.ndarray:
+        """P(token j accepted | 1..j-1 accepted) from this request's and the prior's counts,
+        [L] for one bucket ([buckets, L] for a slice)."""
+        counts = self.local[drafter]
+        offered, accepted = counts.offered[bucket], counts.accepted[bucket]
         prior = self.prior.get(drafter)
         if prior is not None:
-            offered += prior.offered[bucket]
-            accepted += prior.accepted[bucket]
+            offered, accepted = offered + prior.offered[bucket], accepted + prior.accepted[bucket]
         # A context seen rarely leans on the pessimistic prior (mean a0 / (a0 + b0)); leaning
         # on the drafter's rate over all its contexts instead replayed 0.5-1.5 % slower.
-        hazard = (accepted + self._a0) / (offered + self._a0 + self._b0)
+        return (accepted + self._a0) / (offered + self._a0 + self._b0)
+
+    def survival(self, drafter: str, bucket: int, optimistic: bool = False) -> np.ndarray:
+        """float64 [L]: P(accepted >= j), j = 1..L, for a draft of L tokens."""
+        hazard = self._hazard(drafter, bucket)
         if optimistic:
             # Optimism on the first position only: whether choosing the drafter yields a
             # token at all is what exploration must find out. Deeper positions are offered
@@ -239,9 +250,7 @@ class CostAwarePolicy:
             optimistic = candidate.costly and not candidate.previewed
             survival = self.survival(candidate.drafter, candidate.bucket, optimistic=optimistic)
             expected = 1.0 + np.cumsum(survival[:top])  # [top]: index gamma - 1
-            seconds = (curve[2 : top + 2] + candidate.draft_seconds_per_call
-                       + candidate.draft_seconds_per_token * np.arange(1, top + 1))
-            utility = expected / seconds
+            utility = expected / _round_seconds(candidate, curve, top)
             g = int(np.argmax(utility))  # the shortest of equally good lengths
             if utility[g] > best.utility * (1 + 1e-9):
                 best = Choice(candidate.drafter, g + 1, float(expected[g]), float(utility[g]))
@@ -256,12 +265,7 @@ class CostAwarePolicy:
         counts = self.local.get(candidate.drafter)
         if top <= 0 or counts is None:
             return 0.0
-        offered, accepted = counts.offered[:, :top].copy(), counts.accepted[:, :top].copy()
-        prior = self.prior.get(candidate.drafter)
-        if prior is not None:
-            offered += prior.offered[:, :top]
-            accepted += prior.accepted[:, :top]
-        hazard = (accepted + self._a0) / (offered + self._a0 + self._b0)  # [buckets, top]
+        hazard = self._hazard(candidate.drafter, slice(None))[:, :top]  # [buckets, top]
         # Optimism on the first position, by the drafter's evidence over all its contexts:
         # a drafter little asked is asked (its preview is how it learns); a well-known one is
         # judged on its estimates (a bonus per unseen context would keep every one alive).
@@ -269,9 +273,7 @@ class CostAwarePolicy:
         seen = counts.offered[:, 0].sum() + (evidence[:, 0].sum() if evidence is not None else 0.0)
         hazard[:, 0] = np.minimum(1.0, hazard[:, 0] + self._optimism * math.sqrt(math.log(self.rounds + 2) / (seen + 1.0)))
         survival = np.cumprod(hazard, axis=1)
-        seconds = (curve[2 : top + 2] + candidate.draft_seconds_per_call
-                   + candidate.draft_seconds_per_token * np.arange(1, top + 1))
-        return float(((1.0 + np.cumsum(survival, axis=1)) / seconds).max())
+        return float(((1.0 + np.cumsum(survival, axis=1)) / _round_seconds(candidate, curve, top)).max())
 
     def seen(self, drafter: str, bucket: int, position: int) -> float:
         """How many outcomes at draft position ``position`` (0-based) in ``bucket`` this
