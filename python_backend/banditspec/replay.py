@@ -28,6 +28,7 @@ import numpy as np
 
 from banditspec.bandits.cost_model import CostModel, calibration_plan
 from banditspec.drafters.base import Draft, Preview
+from banditspec.drafters.registry import DRAFTER_NAMES, drafter_class
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 
 
@@ -187,13 +188,15 @@ class ReplayDrafter:
     calls it only when it chooses it. A decline still costs a call and one token (the head
     ran once to decide it). With ``preview_seconds`` (not None), a costly drafter whose
     previews were recorded in every trace previews (``previews``), each preview costing that
-    (serving's ``eagle`` drafter with previews on)."""
+    (serving's ``eagle`` drafter with previews on). A built-in drafter that serving asks
+    lazily (``proposes_lazily``: REST) is asked lazily here too."""
 
     def __init__(self, name: str, traces: Sequence[Trace], clock: VirtualClock, propose_seconds: float = 0.0,
                  *, costly: bool = False, draft_seconds: tuple[float, float] = (0.0, 0.0),
                  preview_seconds: float | None = None):
         self.name = name
         self.costly = costly
+        self.proposes_lazily = name in DRAFTER_NAMES and bool(getattr(drafter_class(name), "proposes_lazily", False))
         self.previews = (costly and preview_seconds is not None and bool(traces)
                          and all(name in t.previews for t in traces))
         self._by_prompt = {tuple(t.prompt_ids): t for t in traces}

@@ -248,3 +248,37 @@ def test_a_preview_is_not_asked_when_the_drafter_cannot_win():
     floor = controller.best([candidate], 4, len(sequence)).utility
     from banditspec.bandits.costaware import Candidate
     assert controller.utility_bound(Candidate("e", 4, 0, True, previewed=True), 4, len(sequence)) <= floor
+
+
+class Lazy:
+    """A cheap drafter whose lookup is dearer than the others' (REST): asked only when it could win."""
+
+    proposes_lazily = True
+
+
+def test_a_lazy_drafter_is_not_asked_when_it_cannot_beat_the_proposals_on_offer():
+    """A drafter that is always right keeps the bar high: a lazy drafter that has always been
+    wrong stops being asked (its best possible utility is below the floor) and its would-be
+    proposals are no longer scored; a lazy drafter that is right is asked every round."""
+    right = {"a": lambda s, n: [target_token(len(s) + i) for i in range(n)]}
+    wrong = Harness({"a": Cheap(), "r": Lazy()}, {**right, "r": lambda s, n: [0] * n}, curve=STEEP)
+    useful = Harness({"a": Cheap(), "r": Lazy()}, {**right, "r": lambda s, n: [target_token(len(s))] * n},
+                     curve=STEEP)
+    for h in (wrong, useful):
+        sequence = [5, 6]
+        for _ in range(30):
+            h.choose(sequence)
+            sequence += [target_token(len(sequence) + i) for i in range(5)]
+            h.rounds.score(sequence)
+    asked_wrong = sum(d == "r" for d, _ in wrong.calls)
+    assert 1 <= asked_wrong < 15  # asked while unknown, then no longer
+    assert wrong.controller.local["r"].offered[:, 0].sum() == asked_wrong  # scored only when asked
+    assert sum(d == "a" for d, _ in wrong.calls) == 30  # the others are asked every round
+    assert sum(d == "r" for d, _ in useful.calls) == 30  # first token right: it could win, so it is asked
+
+
+def test_a_lazy_drafter_is_asked_when_no_other_proposes():
+    """With nothing else on offer the floor is plain decoding: a lazy drafter is asked."""
+    h = Harness({"a": Cheap(), "r": Lazy()}, {"a": lambda s, n: [], "r": lambda s, n: [0] * n})
+    h.choose([5, 6])
+    assert [d for d, _ in h.calls] == ["a", "r"]

@@ -208,3 +208,15 @@ def test_a_previewing_costly_drafter_is_replayed_with_its_recorded_previews_at_t
     first = session.preview()
     assert clock.now == pytest.approx(0.001)
     assert (first.token, first.confidence, first.declines) == (traces[0].previews["eagle"][1][0], 0.9, False)
+
+
+def test_replayed_drafters_are_asked_as_serving_asks_them():
+    """REST proposes lazily in serving (costaware asks it only when it could win): its replayed
+    stand-in does too, and the other built-in and unknown drafters do not."""
+    from banditspec import replay
+    from banditspec.drafters.registry import drafter_class
+
+    assert drafter_class("rest").proposes_lazily
+    clock = replay.VirtualClock()
+    lazy = {name: replay.ReplayDrafter(name, [], clock).proposes_lazily for name in ("pld", "suffix", "rest", "x")}
+    assert lazy == {"pld": False, "suffix": False, "rest": True, "x": False}

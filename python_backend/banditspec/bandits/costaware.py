@@ -66,6 +66,13 @@ def context_bucket(match_len: int, agreed: bool = False, last_hit: bool | None =
     return bucket + (0 if last_hit is None else 2 * MATCH_BUCKETS * (2 if last_hit else 1))
 
 
+def buckets_after(last_hit: bool | None) -> slice:
+    """The context buckets of a proposal whose drafter's previous proposal did ``last_hit``
+    (the part of its context known before it proposes)."""
+    start = 0 if last_hit is None else 2 * MATCH_BUCKETS * (2 if last_hit else 1)
+    return slice(start, start + 2 * MATCH_BUCKETS)
+
+
 class HazardCounts:
     """Decayed counts per context and position: offered[c, j], accepted[c, j], j = 0..L-1."""
 
@@ -218,18 +225,20 @@ class CostAwarePolicy:
         """float64 [L]: P(accepted >= j), j = 1..L, for a draft of L tokens."""
         hazard = self._hazard(drafter, bucket)
         if optimistic:
-            # Optimism on the first position only: whether choosing the drafter yields a
-            # token at all is what exploration must find out. Deeper positions are offered
-            # only after the first is accepted, so their counts stay small; a bonus there
-            # never faded (a drafter right 20 % of the time on code was valued at ~2.5
-            # tokens per pull and called in half the rounds). Exploration is server-wide: a
-            # drafter the server has already tried many times is not re-explored by every
-            # request (its capped prior alone would invite that).
-            evidence = self.evidence.get(drafter)
-            seen = self.local[drafter].offered[bucket, 0] + (evidence[bucket, 0] if evidence is not None else 0.0)
-            bonus = self._optimism * math.sqrt(math.log(self.rounds + 2) / (seen + 1.0))
-            hazard[0] = min(1.0, hazard[0] + bonus)
+            hazard[0] = min(1.0, hazard[0] + self._bonus(drafter, bucket))
         return np.cumprod(hazard)
+
+    def _bonus(self, drafter: str, bucket: int) -> float:
+        """The optimism on a costly drafter's first position (blind: what choosing it yields
+        at all is what exploration must find out). Only the first position: deeper ones are
+        offered only after the first is accepted, so their counts stay small, and a bonus
+        there never faded (a drafter right 20 % of the time on code was valued at ~2.5 tokens
+        per pull and called in half the rounds). Sized by the server's evidence as well as
+        the request's: a drafter the server has tried many times is not re-explored by every
+        request (its capped prior alone would invite that)."""
+        evidence = self.evidence.get(drafter)
+        seen = self.local[drafter].offered[bucket, 0] + (evidence[bucket, 0] if evidence is not None else 0.0)
+        return self._optimism * math.sqrt(math.log(self.rounds + 2) / (seen + 1.0))
 
     def choose(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None) -> Choice:
         """The best (drafter, gamma) for this round, plain decoding included; ``context``:
@@ -239,33 +248,48 @@ class CostAwarePolicy:
         return best
 
     def best(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None) -> Choice:
-        """What :meth:`choose` would choose, without counting a round."""
+        """What :meth:`choose` would choose, without counting a round.
+
+        Scalar arithmetic over Python floats (a round asks this two or three times, over a
+        handful of candidates of at most L lengths each: numpy's per-call overhead was most
+        of its cost); the same IEEE operations in the same order as :meth:`survival` and
+        :func:`_round_seconds`, so the choice is the one they give."""
         curve = self.cost_model.curve(context)
         cap = max(0, min(gamma_cap, self.max_len, len(curve) - 2))
-        best = Choice(PLAIN, 0, 1.0, 1.0 / curve[1])
+        seconds = curve.tolist()
+        best = Choice(PLAIN, 0, 1.0, 1.0 / seconds[1])
         for candidate in candidates:
             top = min(candidate.max_gamma, cap)
             if top <= 0:
                 continue
-            optimistic = candidate.costly and not candidate.previewed
-            survival = self.survival(candidate.drafter, candidate.bucket, optimistic=optimistic)
-            expected = 1.0 + np.cumsum(survival[:top])  # [top]: index gamma - 1
-            utility = expected / _round_seconds(candidate, curve, top)
-            g = int(np.argmax(utility))  # the shortest of equally good lengths
-            if utility[g] > best.utility * (1 + 1e-9):
-                best = Choice(candidate.drafter, g + 1, float(expected[g]), float(utility[g]))
+            hazard = self._hazard(candidate.drafter, candidate.bucket)[:top].tolist()
+            if candidate.costly and not candidate.previewed:
+                hazard[0] = min(1.0, hazard[0] + self._bonus(candidate.drafter, candidate.bucket))
+            per_call, per_token = candidate.draft_seconds_per_call, candidate.draft_seconds_per_token
+            survival, expected = 1.0, 1.0
+            top_utility, top_gamma, top_expected = -math.inf, 0, 0.0
+            for gamma in range(1, top + 1):
+                survival *= hazard[gamma - 1]
+                expected += survival
+                utility = expected / (seconds[gamma + 1] + per_call + per_token * gamma)
+                if utility > top_utility:  # the shortest of equally good lengths
+                    top_utility, top_gamma, top_expected = utility, gamma, expected
+            if top_utility > best.utility * (1 + 1e-9):
+                best = Choice(candidate.drafter, top_gamma, top_expected, top_utility)
         return best
 
-    def utility_bound(self, candidate: Candidate, gamma_cap: int, context: int | None = None) -> float:
-        """The best utility ``candidate``'s drafter could have in any context (the most
-        favourable bucket): when even that cannot beat the round's best choice, there is no
-        point in asking the drafter for its context (a preview costs a head call)."""
+    def utility_bound(self, candidate: Candidate, gamma_cap: int, context: int | None = None,
+                      buckets: slice = slice(None)) -> float:
+        """The best utility ``candidate``'s drafter could have in any context among
+        ``buckets`` (the most favourable one): when even that cannot beat the round's best
+        choice, there is no point in asking the drafter (a preview costs a head call, a
+        REST lookup several times a PLD one)."""
         curve = self.cost_model.curve(context)
         top = max(0, min(candidate.max_gamma, gamma_cap, self.max_len, len(curve) - 2))
         counts = self.local.get(candidate.drafter)
         if top <= 0 or counts is None:
             return 0.0
-        hazard = self._hazard(candidate.drafter, slice(None))[:, :top]  # [buckets, top]
+        hazard = self._hazard(candidate.drafter, buckets)[:, :top]  # [buckets, top]
         # Optimism on the first position, by the drafter's evidence over all its contexts:
         # a drafter little asked is asked (its preview is how it learns); a well-known one is
         # judged on its estimates (a bonus per unseen context would keep every one alive).

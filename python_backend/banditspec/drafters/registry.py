@@ -27,6 +27,23 @@ DRAFTER_NAMES: tuple[str, ...] = ("pld", "suffix", "rest")
 log = logging.getLogger(__name__)
 
 
+def drafter_class(name: str) -> type:
+    """The class of non-parametric drafter ``name`` (one of :data:`DRAFTER_NAMES`)."""
+    if name == "pld":
+        from banditspec.drafters.pld import PromptLookupDrafter
+
+        return PromptLookupDrafter
+    if name == "suffix":
+        from banditspec.drafters.suffix_tree import SuffixTreeDrafter
+
+        return SuffixTreeDrafter
+    if name == "rest":
+        from banditspec.drafters.rest import RestDrafter
+
+        return RestDrafter
+    raise BanditSpecValidationError("arms", f"unknown drafter {name!r}; expected one of {', '.join(DRAFTER_NAMES)}")
+
+
 def make_drafter(name: str, *, tokenizer: Any = None, rest_datastore: Path | None = None, **options: Any) -> Drafter:
     """A drafter shared by all requests of a process.
 
@@ -35,28 +52,17 @@ def make_drafter(name: str, *, tokenizer: Any = None, rest_datastore: Path | Non
     rest_datastore: the REST datastore folder (configuration, never a request); when None the
     default datastore is built once (needs ``tokenizer``, default: the SmolLM2 tokenizer).
     """
-    if name == "pld":
-        from banditspec.drafters.pld import PromptLookupDrafter
-
-        factory: Any = PromptLookupDrafter
-    elif name == "suffix":
-        from banditspec.drafters.suffix_tree import SuffixTreeDrafter
-
-        factory = SuffixTreeDrafter
-    elif name == "rest":
-        from banditspec.drafters.rest import RestDrafter
-        from banditspec.drafters.rest_datastore import default_datastore
-
+    factory: Any = drafter_class(name)
+    if name == "rest":
         if rest_datastore is None:
+            from banditspec.drafters.rest_datastore import default_datastore
+
             if tokenizer is None:
                 from banditspec.engine.models import load_tokenizer
 
                 tokenizer = load_tokenizer("smollm2")
             rest_datastore = default_datastore(tokenizer)
         options = {"datastore": Path(rest_datastore), **options}
-        factory = RestDrafter
-    else:
-        raise BanditSpecValidationError("arms", f"unknown drafter {name!r}; expected one of {', '.join(DRAFTER_NAMES)}")
     accepted = set(inspect.signature(factory).parameters)
     unknown = sorted(set(options) - accepted)
     if unknown:
