@@ -106,6 +106,23 @@ def test_summary_pools_tokens_and_finds_best_fixed_arm_and_oracle():
     assert s.lossless_mismatches == []
 
 
+def test_an_adaptive_methods_ratio_to_the_best_fixed_arm_comes_with_a_bootstrap_interval():
+    """Resampling the two prompts gives three pools: p1 twice (ucbspec 40/1.1 against pld's
+    40/1.0: 0.909), p2 twice (40/1.0 against suffix's 40/0.8: 0.8), both (the table's 1.125);
+    the 90 % interval spans the extremes, the best arm being re-chosen in each resample."""
+    records = _two_prompt_records()
+    s = summarize_workload("mixed", records, ["vanilla", "pld", "suffix", "ucbspec"])
+    ucb = s.get("ucbspec")
+    assert ucb.vs_best_fixed_interval == pytest.approx((0.8, 1.125))
+    assert s.get("pld").vs_best_fixed_interval is None  # fixed arms and vanilla get none
+    assert summarize_workload("mixed", records, ["vanilla", "pld", "suffix", "ucbspec"]).get(
+        "ucbspec").vs_best_fixed_interval == ucb.vs_best_fixed_interval  # seeded
+    one = summarize_workload("mixed", [r for r in records if r.prompt_id == "p1"], ["vanilla", "pld", "ucbspec"])
+    assert one.get("ucbspec").vs_best_fixed_interval is None  # one prompt: nothing to resample
+    report = markdown_report([s], title="t", command="c", setup={}, skipped={}, records=records)
+    assert "ucbspec / best fixed arm: 112.5%; 90% interval over the prompts [80.0%, 112.5%]" in report
+
+
 def test_a_prompt_missing_a_method_is_left_out_and_a_different_output_is_flagged():
     records = _two_prompt_records()
     records = [r for r in records if not (r.prompt_id == "p2" and r.method == "suffix")]
