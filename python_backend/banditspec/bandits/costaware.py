@@ -64,14 +64,14 @@ def context_bucket(match_len: int, agreed: bool = False, last_hit: bool | None =
     drafter's previous proposal had its first token accepted (None: no previous one yet).
     Copying comes in runs: a drafter that was just right tends to stay right."""
     bucket = max(0, min(int(match_len), MATCH_BUCKETS - 1)) + (MATCH_BUCKETS if agreed else 0)
-    return bucket + (0 if last_hit is None else 2 * MATCH_BUCKETS * (2 if last_hit else 1))
+    return buckets_after(last_hit).start + bucket
 
 
 def buckets_after(last_hit: bool | None) -> slice:
     """The context buckets of a proposal whose drafter's previous proposal did ``last_hit``
     (the part of its context known before it proposes)."""
     start = 0 if last_hit is None else 2 * MATCH_BUCKETS * (2 if last_hit else 1)
-    return slice(start, start + 2 * MATCH_BUCKETS)
+    return slice(start, start + 2 * MATCH_BUCKETS)  # match length x agreement within it
 
 
 class HazardCounts:
