@@ -1,4 +1,5 @@
-"""Time of one Eagle head call: the head's own ``step`` against the fused drafting runner.
+"""Time of one Eagle head call: the head's own ``step``, the fused drafting runner in torch,
+and the same runner as one native call (``bs_eagle_step``, int8, when the C kernels load).
 
 The shipped EAGLE-1 head (int8, as served), a cache of P real pairs, T new pairs fed (T = 1:
 one drafted token; T = 2-5: a round's catch-up), both runners interleaved, median of
@@ -33,34 +34,48 @@ def main() -> int:
         print("the default head is not EAGLE-1: the fused runner serves EAGLE-1 only")
         return 1
     reference = int8_head(head) if DEFAULT_INT8 else head
-    fast = FastEagleStep(head, DEFAULT_INT8)
+    fast = FastEagleStep(head, DEFAULT_INT8, native=False)
+    native = FastEagleStep(head, DEFAULT_INT8) if DEFAULT_INT8 else None
+    if native is not None and native.native:
+        native.native_max_pairs = 1 << 20  # every size natively here (served: up to NATIVE_MAX_PAIRS)
+    else:
+        native = None
     hidden = head.config.hidden_size
     sweep = torch.zeros(150_000_000)  # 600 MB, more than any cache here
-    lines = ["| P | T | state | head.step (ms) | fused (ms) | ratio |", "|---:|---:|---|---:|---:|---:|"]
+    runners = {"head": None, "fused": fast} | ({"native": native} if native is not None else {})
+    lines = ["| P | T | state | head.step (ms) | fused (ms) | ratio |" + (" native (ms) | ratio |" if native else ""),
+             "|---:|---:|---|---:|---:|---:|" + ("---:|---:|" if native else "")]
     with torch.inference_mode():
         for past in (64, 192):
             k, v = reference.empty_cache()
             prefix_e, prefix_f = torch.randn(1, past, hidden), torch.randn(1, past, hidden)
             _, k, v = reference.step(prefix_e, prefix_f, k, v)
-            cache = fast.new_cache()
-            fast.step(prefix_e, prefix_f, cache)
+            caches = {}
+            for name, runner in runners.items():
+                if runner is not None:
+                    caches[name] = runner.new_cache()
+                    runner.step(prefix_e, prefix_f, caches[name])
             for new in (1, 4, 16):
                 e, f = torch.randn(1, new, hidden), torch.randn(1, new, hidden)
                 for state in ("warm", "cold"):
-                    times: dict[str, list[float]] = {"head": [], "fused": []}
+                    times: dict[str, list[float]] = {name: [] for name in runners}
                     for _ in range(args.repeats):
-                        for name in ("head", "fused"):
+                        for name, runner in runners.items():
                             if state == "cold":
                                 sweep.add_(1.0)
-                            cache.truncate(past)
                             began = time.perf_counter()
-                            if name == "head":
+                            if runner is None:
                                 reference.step(e, f, k, v)
                             else:
-                                fast.step(e, f, cache)
+                                caches[name].truncate(past)
+                                began = time.perf_counter()
+                                runner.step(e, f, caches[name])
                             times[name].append(time.perf_counter() - began)
-                    a, b = (float(np.median(times[n])) * 1e3 for n in ("head", "fused"))
-                    lines.append(f"| {past} | {new} | {state} | {a:.2f} | {b:.2f} | {b / a:.2f} |")
+                    ms = {n: float(np.median(t)) * 1e3 for n, t in times.items()}
+                    row = f"| {past} | {new} | {state} | {ms['head']:.2f} | {ms['fused']:.2f} | {ms['fused'] / ms['head']:.2f} |"
+                    if "native" in ms:
+                        row += f" {ms['native']:.2f} | {ms['native'] / ms['head']:.2f} |"
+                    lines.append(row)
     print("\n".join(lines))
     return 0
 

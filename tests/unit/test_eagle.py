@@ -275,7 +275,7 @@ def test_fast_step_is_the_heads_step(tiny):
     emb, feats = torch.randn(1, 200, 64), torch.randn(1, 200, 64)
     for int8 in (False, True):
         reference = int8_head(head) if int8 else head
-        fast = FastEagleStep(head, int8, rope_positions=16)  # the rope table grows too
+        fast = FastEagleStep(head, int8, rope_positions=16, native=False)  # the rope table grows too
         cache = fast.new_cache()
         k, v = reference.empty_cache()
         with torch.inference_mode():
@@ -288,6 +288,80 @@ def test_fast_step_is_the_heads_step(tiny):
                 cache.truncate(b)
             assert cache.length == 200 and cache.k.shape[2] >= 200
             torch.testing.assert_close(cache.k[:, :, :200], k, rtol=1e-4, atol=1e-4)
+
+
+def dequantized_head(head, library):
+    """A copy of ``head`` whose linear weights are what the int8 C kernel multiplies by."""
+    import copy
+
+    from banditspec.engine.panel_kernel import PanelInt8Linear
+
+    twin = copy.deepcopy(head)
+    for module in twin.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.data = PanelInt8Linear(module.weight, library).dequantized()
+    return twin
+
+
+def test_int8_kernel_linear_multiplies_by_its_dequantized_weight():
+    """bs_i8_gemm: any row count (blocks of 16), widths off the 64-column groups, K off its blocks."""
+    from banditspec.engine import panel_kernel
+
+    library = panel_kernel.load()
+    if library is None:
+        pytest.skip(f"C kernels unavailable: {panel_kernel.unavailable_reason()}")
+    torch.manual_seed(3)
+    for out_features, in_features in [(70, 100), (576, 1152), (8, 8)]:
+        weight = torch.randn(out_features, in_features)
+        linear = panel_kernel.PanelInt8Linear(weight, library)
+        deq = linear.dequantized()
+        assert (deq - weight).abs().max() <= weight.abs().amax(dim=1).max() / 127 / 2 + 1e-6  # per-row rounding
+        for rows in (1, 5, 16, 17, 40):
+            x = torch.randn(rows, in_features)
+            torch.testing.assert_close(linear(x), x @ deq.T, rtol=1e-4, atol=1e-4)
+
+
+def test_native_step_is_the_heads_step_on_the_kernels_weights(tiny):
+    """The one-call C step (int8) computes what the head computes with the kernel's
+    dequantized weights in fp32: prefills past 16 rows, single steps, a speculative tail
+    forgotten by truncate; and it stays close to the fp32 head itself."""
+    from banditspec.eagle.fast_step import NATIVE_MAX_PAIRS, FastEagleStep
+    from banditspec.engine import panel_kernel
+
+    library = panel_kernel.load()
+    if library is None:
+        pytest.skip(f"C kernels unavailable: {panel_kernel.unavailable_reason()}")
+    head = make_head(tiny)
+    native = FastEagleStep(head, True, rope_positions=16, native=True)
+    assert native.native and not FastEagleStep(head, True, native=False).native
+    native.native_max_pairs = 1000  # served: longer steps go through torch
+    twin = FastEagleStep(dequantized_head(head, library), False, rope_positions=16)
+    exact = FastEagleStep(head, False)
+    emb, feats = torch.randn(1, 120, 64), torch.randn(1, 120, 64)
+    caches = [r.new_cache() for r in (native, twin, exact)]
+    with torch.inference_mode():
+        for a, b in [(0, 7), (7, 8), (8, 40), (40, 41), (41, 120)]:
+            got, expected, fp32 = (r.step(emb[:, a:b], feats[:, a:b], c) for r, c in zip((native, twin, exact), caches))
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+            # int8 rounding of this random head's large weights: ~9 %; a mispacked weight is ~100 %
+            assert float((got - fp32).norm() / fp32.norm()) < 0.2
+            native.step(emb[:, :1], torch.randn(1, 1, 64), caches[0])  # speculative, then forgotten
+            caches[0].truncate(b)
+        assert caches[0].length == 120
+        torch.testing.assert_close(caches[0].k[:, :, :120], caches[1].k[:, :, :120], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(caches[0].v[:, :, :120], caches[1].v[:, :, :120], rtol=1e-4, atol=1e-4)
+        # as served: a long step through torch (fbgemm), then short ones natively, on one cache
+        native.native_max_pairs = NATIVE_MAX_PAIRS
+        served, cache = FastEagleStep(head, True, native=False), native.new_cache()
+        reference = served.new_cache()
+        torch.testing.assert_close(native.step(emb[:, :30], feats[:, :30], cache),
+                                   served.step(emb[:, :30], feats[:, :30], reference), rtol=1e-5, atol=1e-5)
+        mirror = twin.new_cache()
+        mirror.reserve(30)
+        mirror.k[:, :, :30], mirror.v[:, :, :30], mirror.length = cache.k[:, :, :30], cache.v[:, :, :30], 30
+        for a, b in [(30, 33), (33, 34)]:
+            torch.testing.assert_close(native.step(emb[:, a:b], feats[:, a:b], cache),
+                                       twin.step(emb[:, a:b], feats[:, a:b], mirror), rtol=1e-4, atol=1e-4)
 
 
 def test_preview_is_the_first_token_of_the_next_proposal_and_its_probability(drafter, tiny):

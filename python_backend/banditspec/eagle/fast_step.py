@@ -12,17 +12,33 @@ layer):
   heads directly (``enable_gqa``) instead of copying them out;
 * RMSNorm is one fused op.
 
+With int8 weights and the engine's C kernels (``engine/kernels/panel_gemm.c``,
+``bs_eagle_step``) the whole step is one native call instead: a head call comes right after a
+target forward has evicted the caches, and then each of the ~25 torch ops paid its own misses
+(dispatcher, kernel code, fbgemm's packed-weight metadata), ~2.7 ms a one-pair step in
+costaware's loop here. Same math with the weights quantized the same way (per output row);
+the activations stay fp32 (fbgemm quantized them per call), so it is a little closer to fp32.
+
 Drafting writes speculative entries past the real ones and then forgets them by moving the
 length back (:meth:`KVBuffer.truncate`): the next real pair overwrites them.
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 
 from banditspec.eagle.head import EagleHead, rope_cos_sin
 from banditspec.engine.fast_llama import Int8Linear, PackedLinear
+
+
+# Steps over at most this many pairs run natively; longer ones (a request's first call, a
+# catch-up after many rounds without the head) through torch: the native kernel keeps the
+# activations in fp32 and costs ~0.3 ms a pair here, fbgemm's int8 GEMM less, so torch wins
+# from ~5 pairs on (engine_build/eagle/bench_step.py).
+NATIVE_MAX_PAIRS = 4
 
 
 class KVBuffer:
@@ -53,7 +69,8 @@ class KVBuffer:
 class FastEagleStep:
     """Drafting-only runner of an :class:`EagleHead` (weights copied, int8 or fp32)."""
 
-    def __init__(self, head: EagleHead, int8: bool, rope_positions: int = 4096):
+    def __init__(self, head: EagleHead, int8: bool, rope_positions: int = 4096, native: bool | None = None):
+        """native: run each step as one C call (int8 only); None: when the kernels load here."""
         c = self.config = head.config
         linear = Int8Linear if int8 else (lambda w: PackedLinear(w, packed=False))
         with torch.no_grad():
@@ -67,6 +84,21 @@ class FastEagleStep:
                           for name in ("embed_norm", "feature_norm", "post_attention_norm", "out_norm")}
         self.eps = c.rms_norm_eps
         self._cos, self._sin = rope_cos_sin(torch.arange(rope_positions), c.head_dim, c.rope_theta)
+        self._native: _NativeStep | None = None
+        self.native_max_pairs = NATIVE_MAX_PAIRS
+        if int8 and native is not False and c.head_dim % 8 == 0:  # the C attention's vectors
+            from banditspec.engine import panel_kernel
+
+            library = panel_kernel.load()
+            if library is None and native:
+                raise RuntimeError(f"native Eagle step unavailable: {panel_kernel.unavailable_reason()}")
+            if library is not None:
+                self._native = _NativeStep(head, library, self.norms, self.fc_bias)
+
+    @property
+    def native(self) -> bool:
+        """Whether steps of up to NATIVE_MAX_PAIRS pairs run as one C call (bs_eagle_step)."""
+        return self._native is not None
 
     def new_cache(self) -> KVBuffer:
         return KVBuffer(self.config.num_kv_heads, self.config.head_dim)
@@ -92,6 +124,12 @@ class FastEagleStep:
         c = self.config
         t, past = features.shape[1], cache.length
         d, nh, nkv = c.head_dim, c.num_heads, c.num_kv_heads
+        if self._native is not None and t <= self.native_max_pairs:
+            cos, sin = self._rope(past, t)
+            cache.reserve(past + t)
+            out = self._native.step(embeddings, features, cos, sin, cache, past)
+            cache.length = past + t
+            return out
         u = self.fc(torch.cat([self._norm(embeddings, "embed_norm"), self._norm(features, "feature_norm")], dim=-1))
         u = u + self.fc_bias  # [1, T, H]
         qkv = self.qkv(u).view(t, nh + 2 * nkv, d).transpose(0, 1)  # [nh + 2 nkv, T, d]
@@ -108,3 +146,41 @@ class FastEagleStep:
         gate, up = self.gate_up(self._norm(x, "post_attention_norm")).chunk(2, dim=-1)
         x = x + self.down(F.silu(gate) * up)
         return self._norm(x, "out_norm")
+
+
+class _NativeStep:
+    """The head's weights in the C kernel's int8 panels, and the call of ``bs_eagle_step``."""
+
+    def __init__(self, head: EagleHead, library: ctypes.CDLL, norms: dict[str, torch.Tensor], fc_bias: torch.Tensor):
+        from banditspec.engine.panel_kernel import PanelInt8Linear
+
+        c = head.config
+        self._lib, self.config = library, c
+        with torch.no_grad():
+            weights = [head.fc.weight, torch.cat([head.q_proj.weight, head.k_proj.weight, head.v_proj.weight]),
+                       head.o_proj.weight, torch.cat([head.gate_proj.weight, head.up_proj.weight]), head.down_proj.weight]
+            self.linears = [PanelInt8Linear(w, library) for w in weights]
+        self.norms = [norms[n].contiguous() for n in ("embed_norm", "feature_norm", "post_attention_norm", "out_norm")]
+        self.fc_bias = fc_bias.contiguous()
+        pointers = ctypes.c_void_p * 5
+        self._norm_ptrs = (ctypes.c_void_p * 4)(*[n.data_ptr() for n in self.norms])
+        self._weight_ptrs = pointers(*[lin.packed.data_ptr() for lin in self.linears])
+        self._strides = (ctypes.c_int64 * 5)(*[lin.stride for lin in self.linears])
+        self._scale_ptrs = pointers(*[lin.scale.data_ptr() for lin in self.linears])
+
+    def step(self, embeddings: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             cache: KVBuffer, past: int) -> torch.Tensor:
+        """Predicted features [1, T, H]; writes the cache's rows past .. past + T - 1."""
+        c = self.config
+        t = features.shape[1]
+        emb = embeddings.reshape(t, c.hidden_size).float().contiguous()
+        feat = features.reshape(t, c.hidden_size).float().contiguous()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        out = torch.empty(1, t, c.hidden_size)
+        self._lib.bs_eagle_step(
+            t, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
+            emb.data_ptr(), feat.data_ptr(), ctypes.addressof(self._norm_ptrs), ctypes.addressof(self._weight_ptrs),
+            ctypes.addressof(self._strides), ctypes.addressof(self._scale_ptrs),
+            self.fc_bias.data_ptr(), cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
+            cache.k.shape[2], past, out.data_ptr())
+        return out

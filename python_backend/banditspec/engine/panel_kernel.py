@@ -100,6 +100,14 @@ def load() -> ctypes.CDLL | None:
         library.bs_panel_width.restype = ctypes.c_int
         library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr] + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
         library.bs_attention.restype = None
+        library.bs_i8_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64]
+        library.bs_i8_gemm.restype = None
+        library.bs_i8_stride.argtypes = [i64]
+        library.bs_i8_stride.restype = i64
+        library.bs_i8_max_rows.restype = ctypes.c_int
+        library.bs_i8_group_columns.restype = ctypes.c_int
+        library.bs_eagle_step.argtypes = [i64] * 6 + [ctypes.c_float] + [ptr] * 11 + [i64, i64, ptr]
+        library.bs_eagle_step.restype = None
         _library = library
         return library
 
@@ -107,6 +115,14 @@ def load() -> ctypes.CDLL | None:
 def unavailable_reason() -> str | None:
     """Why :func:`load` returned None (None when it loaded or was not tried)."""
     return _reason
+
+
+def float_rows(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x [..., width] as contiguous float32 rows [n, width] (what the kernels read)."""
+    rows = x.reshape(-1, width)
+    if rows.dtype != torch.float32:
+        rows = rows.float()
+    return rows if rows.is_contiguous() else rows.contiguous()
 
 
 class PanelLinear:
@@ -131,18 +147,59 @@ class PanelLinear:
         self.packed = packed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        rows = x.reshape(-1, self.in_features)
-        if rows.dtype != torch.float32:
-            rows = rows.float()
-        if not rows.is_contiguous():
-            rows = rows.contiguous()
+        shape, rows = x.shape, float_rows(x, self.in_features)
         out = torch.empty(rows.shape[0], self.out_features)
         if rows.shape[0]:
             self._lib.bs_panel_gemm(
                 rows.data_ptr(), rows.shape[0], self.in_features, self.in_features,
                 self.packed.data_ptr(), self.stride, self.out_features,
                 out.data_ptr(), self.out_features, torch.get_num_threads(),
+            )
+        return out.view(*shape[:-1], self.out_features)
+
+
+class PanelInt8Linear:
+    """y ~= x @ W^T for x float32 [..., in], W [out, in] quantized per output row to int8
+    (symmetric, scale = max |W[n]| / 127), x kept in float32; on the kernel's int8 GEMM
+    (``bs_i8_gemm`` in panel_gemm.c). For drafting heads only: not the exact kernel.
+
+    The weight is stored once in int8 panels of 16 output columns (packed[p][k][j] =
+    Wq[16 p + j][k]), ``out`` padded with zero rows to whole groups of panels.
+    """
+
+    def __init__(self, weight: torch.Tensor, library: ctypes.CDLL):
+        weight = weight.detach().float()
+        self.out_features, self.in_features = weight.shape
+        self._lib = library
+        width, group = int(library.bs_panel_width()), int(library.bs_i8_group_columns())
+        self._max_rows = int(library.bs_i8_max_rows())
+        padded_out = -(-self.out_features // group) * group
+        self.stride = int(library.bs_i8_stride(self.in_features))
+        scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        quantized = torch.zeros(padded_out, self.in_features, dtype=torch.int8)
+        quantized[: self.out_features] = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        panels = padded_out // width
+        packed = torch.zeros(panels, self.stride, dtype=torch.int8)
+        packed[:, : self.in_features * width] = quantized.view(panels, width, self.in_features).transpose(1, 2).reshape(panels, -1)
+        self.packed = packed
+        self.scale = torch.zeros(padded_out)
+        self.scale[: self.out_features] = scale
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight [out, in] this layer multiplies by (for tests)."""
+        width = int(self._lib.bs_panel_width())
+        panels = self.packed.shape[0]
+        q = self.packed[:, : self.in_features * width].view(panels, self.in_features, width).transpose(1, 2)
+        return (q.reshape(-1, self.in_features)[: self.out_features].float() * self.scale[: self.out_features, None])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape, rows = x.shape, float_rows(x, self.in_features)
+        out = torch.empty(rows.shape[0], self.out_features)
+        for start in range(0, rows.shape[0], self._max_rows):  # the kernel takes <= max_rows a call
+            chunk = rows[start: start + self._max_rows]
+            self._lib.bs_i8_gemm(
+                chunk.data_ptr(), chunk.shape[0], self.in_features, self.in_features, self.packed.data_ptr(),
+                self.stride, self.scale.data_ptr(), self.out_features, out[start:].data_ptr(), self.out_features,
             )
         return out.view(*shape[:-1], self.out_features)
 

@@ -539,3 +539,164 @@ __attribute__((target("avx2,fma"))) void bs_attention(
         free(sums);
     }
 }
+
+/* ---------------------------------------------------------------------------------------
+ * Int8-weight small-M GEMM for drafting heads (the Eagle head's linears and LM-head rows):
+ * y[M, N] = (x[M, K] @ Wq[N, K]^T) * scale[N], W quantized per output row to int8, x fp32
+ * (not quantized). NOT the exact kernel above: a draft head's numerics only change which
+ * tokens it proposes, and drafts are verified.
+ *
+ * Why: a head call comes right after a target forward has evicted the caches, and torch's
+ * dynamic int8 linear (fbgemm) then costs ~0.5 ms per layer here whatever its size (0.33 MB
+ * or 1.8 MB of weights): packed-weight metadata, activation quantization and code all cold.
+ * This streams each weight byte once per call, in I8_GROUP panels of 16 int8 columns
+ * (packed[p][k][j] = Wq[16 p + j][k], zero past N; N padded to whole groups), a block of
+ * I8_KB values of k at a time: the block is widened to fp32 in L1 once, then every row
+ * multiplies it (8 accumulators a row). Rows: at most I8_MAXM a call (callers fall back above).
+ */
+#define I8_GROUP 4
+#define I8_KB 64
+#define I8_MAXM 16
+
+int bs_i8_max_rows(void) { return I8_MAXM; }
+int bs_i8_group_columns(void) { return I8_GROUP * PANEL; }
+
+/* Bytes from one int8 panel's start to the next (K * 16, plus one cache line when that is
+ * a multiple of 4 KiB, so that a group's streams do not share L1 sets). */
+int64_t bs_i8_stride(int64_t K) {
+    int64_t stride = K * PANEL;
+    if (stride % 4096 == 0) stride += 64;
+    return stride;
+}
+
+__attribute__((target("avx2,fma"))) void bs_i8_gemm(
+    const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed, int64_t stride,
+    const float *scale, int64_t N, float *y, int64_t ldy) {
+    float acc[I8_MAXM * I8_GROUP * PANEL] __attribute__((aligned(32)));
+    float deq[I8_GROUP * I8_KB * PANEL] __attribute__((aligned(32))); /* 16 KiB */
+    if (M <= 0 || M > I8_MAXM) return;
+    const int64_t groups = (N + I8_GROUP * PANEL - 1) / (I8_GROUP * PANEL);
+    for (int64_t g = 0; g < groups; ++g) {
+        const int8_t *panels = packed + g * I8_GROUP * stride;
+        memset(acc, 0, (size_t)M * I8_GROUP * PANEL * sizeof(float));
+        for (int64_t k0 = 0; k0 < K; k0 += I8_KB) {
+            const int64_t kn = K - k0 < I8_KB ? K - k0 : I8_KB;
+            for (int j = 0; j < I8_GROUP; ++j) {
+                const int8_t *src = panels + j * stride + k0 * PANEL;
+                float *dst = deq + j * I8_KB * PANEL;
+                for (int64_t k = 0; k < kn; ++k) {
+                    if ((k & 3) == 0) _mm_prefetch((const char *)(src + (k + I8_KB) * PANEL), _MM_HINT_T0);
+                    const __m128i b = _mm_loadu_si128((const __m128i *)(src + k * PANEL));
+                    _mm256_store_ps(dst + k * PANEL, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+                    _mm256_store_ps(dst + k * PANEL + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))));
+                }
+            }
+            for (int64_t m = 0; m < M; ++m) {
+                const float *xr = x + m * ldx + k0;
+                float *a = acc + m * I8_GROUP * PANEL;
+                __m256 a0 = _mm256_load_ps(a), a1 = _mm256_load_ps(a + 8), a2 = _mm256_load_ps(a + 16),
+                       a3 = _mm256_load_ps(a + 24), a4 = _mm256_load_ps(a + 32), a5 = _mm256_load_ps(a + 40),
+                       a6 = _mm256_load_ps(a + 48), a7 = _mm256_load_ps(a + 56);
+                const float *d0 = deq, *d1 = deq + I8_KB * PANEL, *d2 = deq + 2 * I8_KB * PANEL,
+                            *d3 = deq + 3 * I8_KB * PANEL;
+                for (int64_t k = 0; k < kn; ++k) {
+                    const __m256 b = _mm256_broadcast_ss(xr + k);
+                    a0 = _mm256_fmadd_ps(b, _mm256_load_ps(d0 + k * PANEL), a0);
+                    a1 = _mm256_fmadd_ps(b, _mm256_load_ps(d0 + k * PANEL + 8), a1);
+                    a2 = _mm256_fmadd_ps(b, _mm256_load_ps(d1 + k * PANEL), a2);
+                    a3 = _mm256_fmadd_ps(b, _mm256_load_ps(d1 + k * PANEL + 8), a3);
+                    a4 = _mm256_fmadd_ps(b, _mm256_load_ps(d2 + k * PANEL), a4);
+                    a5 = _mm256_fmadd_ps(b, _mm256_load_ps(d2 + k * PANEL + 8), a5);
+                    a6 = _mm256_fmadd_ps(b, _mm256_load_ps(d3 + k * PANEL), a6);
+                    a7 = _mm256_fmadd_ps(b, _mm256_load_ps(d3 + k * PANEL + 8), a7);
+                }
+                _mm256_store_ps(a, a0); _mm256_store_ps(a + 8, a1); _mm256_store_ps(a + 16, a2);
+                _mm256_store_ps(a + 24, a3); _mm256_store_ps(a + 32, a4); _mm256_store_ps(a + 40, a5);
+                _mm256_store_ps(a + 48, a6); _mm256_store_ps(a + 56, a7);
+            }
+        }
+        const int64_t n0 = g * I8_GROUP * PANEL;
+        const int64_t width = N - n0 < I8_GROUP * PANEL ? N - n0 : I8_GROUP * PANEL;
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t c = 0; c < width; ++c) y[m * ldy + n0 + c] = acc[m * I8_GROUP * PANEL + c] * scale[n0 + c];
+    }
+}
+
+/* Any number of rows: bs_i8_gemm over blocks of I8_MAXM rows. */
+static void i8_gemm_rows(const float *x, int64_t M, int64_t K, const int8_t *packed, int64_t stride,
+                         const float *scale, int64_t N, float *y) {
+    for (int64_t m = 0; m < M; m += I8_MAXM)
+        bs_i8_gemm(x + m * K, M - m < I8_MAXM ? M - m : I8_MAXM, K, K, packed, stride, scale, N, y + m * N, N);
+}
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of n. */
+static void rms_norm_rows(const float *x, int64_t rows, int64_t n, int64_t ldx, const float *w, float eps,
+                          float *y, int64_t ldy) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * ldx;
+        float *yr = y + r * ldy;
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; ++i) ss += (double)xr[i] * xr[i];
+        const float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * w[i];
+    }
+}
+
+/* HF Llama's half rotation of one head vector x[D] at a position (cos/sin rows of D). */
+static void rope_row(const float *x, const float *cos_r, const float *sin_r, int64_t D, float *y) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; ++i) y[i] = x[i] * cos_r[i] - x[i + half] * sin_r[i];
+    for (int64_t i = half; i < D; ++i) y[i] = x[i] * cos_r[i] + x[i - half] * sin_r[i];
+}
+
+/* One incremental step of the EAGLE-1 head (banditspec/eagle/fast_step.py, same math) over
+ * T new pairs, int8 weights, in one call: a call after a target forward otherwise paid the
+ * caches' misses op by op (~25 torch ops). emb, feat: [T, H]; norms: embed, feature,
+ * post-attention, out [H]; w/strides/scales: fc (2H -> H), qkv (H -> (NH + 2 NKV) D),
+ * o (NH D -> H), gate_up (H -> 2 I), down (I -> H), packed by bs_i8 layout; fc_bias [H];
+ * cos, sin: [T, D] for positions past .. past + T - 1; kc, vc: the session's cache
+ * [NKV, capacity, D] (rows past .. past + T - 1 are written); out: [T, H]. */
+__attribute__((target("avx2,fma"))) void bs_eagle_step(
+    int64_t T, int64_t H, int64_t NH, int64_t NKV, int64_t D, int64_t I, float eps, const float *emb,
+    const float *feat, const float *const *norms, const int8_t *const *w, const int64_t *strides,
+    const float *const *scales, const float *fc_bias, const float *cos, const float *sin, float *kc, float *vc,
+    int64_t capacity, int64_t past, float *out) {
+    const int64_t QKV = (NH + 2 * NKV) * D;
+    float *xin = malloc(sizeof(float) * T * 2 * H), *u = malloc(sizeof(float) * T * H),
+          *qkv = malloc(sizeof(float) * T * QKV), *q = malloc(sizeof(float) * NH * T * D),
+          *attn = malloc(sizeof(float) * T * NH * D), *x = malloc(sizeof(float) * T * H),
+          *hn = malloc(sizeof(float) * T * H), *gu = malloc(sizeof(float) * T * 2 * I),
+          *act = malloc(sizeof(float) * T * I);
+    int64_t *lo = malloc(sizeof(int64_t) * T), *hi = malloc(sizeof(int64_t) * T);
+    rms_norm_rows(emb, T, H, H, norms[0], eps, xin, 2 * H);
+    rms_norm_rows(feat, T, H, H, norms[1], eps, xin + H, 2 * H);
+    i8_gemm_rows(xin, T, 2 * H, w[0], strides[0], scales[0], H, u);
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < H; ++i) u[t * H + i] += fc_bias[i];
+    i8_gemm_rows(u, T, H, w[1], strides[1], scales[1], QKV, qkv);
+    for (int64_t t = 0; t < T; ++t) {
+        const float *row = qkv + t * QKV, *c = cos + t * D, *s = sin + t * D;
+        for (int64_t h = 0; h < NH; ++h) rope_row(row + h * D, c, s, D, q + (h * T + t) * D);
+        for (int64_t g = 0; g < NKV; ++g) {
+            rope_row(row + (NH + g) * D, c, s, D, kc + (g * capacity + past + t) * D);
+            memcpy(vc + (g * capacity + past + t) * D, row + (NH + NKV + g) * D, sizeof(float) * D);
+        }
+        lo[t] = 0;
+        hi[t] = past + t + 1;
+    }
+    bs_attention(q, NH * T * D, T * D, D, kc, vc, NKV * capacity * D, capacity * D, lo, hi, attn, 1, NH, NKV, T,
+                 D, 1.0f / sqrtf((float)D), 1);
+    i8_gemm_rows(attn, T, NH * D, w[2], strides[2], scales[2], H, x);
+    for (int64_t i = 0; i < T * H; ++i) x[i] += u[i];
+    rms_norm_rows(x, T, H, H, norms[2], eps, hn, H);
+    i8_gemm_rows(hn, T, H, w[3], strides[3], scales[3], 2 * I, gu);
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < I; ++i) {
+            const float g = gu[t * 2 * I + i];
+            act[t * I + i] = g / (1.0f + expf(-g)) * gu[t * 2 * I + I + i];
+        }
+    i8_gemm_rows(act, T, I, w[4], strides[4], scales[4], H, hn);
+    for (int64_t i = 0; i < T * H; ++i) x[i] += hn[i];
+    rms_norm_rows(x, T, H, H, norms[3], eps, out, H);
+    free(xin); free(u); free(qkv); free(q); free(attn); free(x); free(hn); free(gu); free(act); free(lo); free(hi);
+}
