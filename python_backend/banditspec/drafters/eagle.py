@@ -66,7 +66,9 @@ DEFAULT_PROMPT_WINDOW: int | None = 64
 # measured side by side (docs/benchmarks/README.md, "ninth session"), a preview costs ~4 ms
 # a round here (the head's catch-up plus its LM head, weights cold after a target forward),
 # about what the better choices gain with this head; pulled blind, the head costs only in
-# the rounds that choose it. Sessions offer preview() either way.
+# the rounds that choose it. With the native step (eleventh session) a preview costs ~2.7 ms
+# and previews still ran at 0.98x blind over 48 new prompts (engine_build/eagle/README.md).
+# Sessions offer preview() either way.
 DEFAULT_PREVIEWS = False
 
 
