@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from banditspec.drafters.eagle import EAGLE1_WEIGHTS, EagleDrafter, int8_head, load_default_eagle_drafter
+from banditspec.eagle.fast_step import FastEagleStep
 from banditspec.eagle.head import EagleConfig, EagleHead, load_head, save_head
+from banditspec.engine.fast_llama import Int8Linear
 from banditspec.errors import BanditSpecValidationError
 from banditspec_train.eagle.evaluate import greedy_speculative
 from banditspec_train.eagle.features import FeatureSet
@@ -244,7 +246,9 @@ def test_int8_drafting_keeps_the_heads_choices_close_and_the_loop_lossless(tiny)
     head = make_head(tiny)
     fp32 = EagleDrafter(head, tiny.get_input_embeddings().weight)
     int8 = EagleDrafter(head, tiny.get_input_embeddings().weight, int8=True)
-    assert not any(isinstance(m, torch.nn.Linear) for m in int8.head.modules())
+    runner = int8.stepper  # EAGLE-1 drafts through the fused runner's own int8 weights
+    assert isinstance(runner, FastEagleStep) and isinstance(runner.qkv, Int8Linear) and runner.native
+    assert isinstance(int8._lm_int8, Int8Linear) and fp32._lm_int8 is None and not fp32.stepper.native
     assert any(isinstance(m, torch.nn.Linear) for m in head.modules())  # the given head is not changed
     prompt = random_ids(16, seed=7)
     hidden = target_hidden(tiny, prompt)

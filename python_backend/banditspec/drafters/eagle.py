@@ -165,11 +165,17 @@ class EagleDrafter:
                 "embedding", f"expected shape {(cfg.target_vocab_size, cfg.hidden_size)}, "
                 f"got {tuple(embedding.shape)}")
         self.int8 = bool(int8)
-        self.head = int8_head(head) if self.int8 else head.eval()
-        # What runs the head while drafting: EAGLE-1 has a fused runner (same math, ~35 %
-        # faster at a few positions: eagle/fast_step.py); EAGLE-3 runs its own step
-        self.stepper: FastEagleStep | _HeadStep = (
-            _HeadStep(self.head) if isinstance(head, Eagle3Head) else FastEagleStep(head.eval(), self.int8))
+        # What runs the head while drafting: EAGLE-1 has a fused runner with its own (int8)
+        # weights (same math, faster at a few positions: eagle/fast_step.py), so its head
+        # stays as given (read for its config, and its LM head in fp32 drafting); EAGLE-3 runs
+        # its own step, on an int8 copy when drafting in int8
+        self.stepper: FastEagleStep | _HeadStep
+        if isinstance(head, Eagle3Head):
+            self.head: EagleHead | Eagle3Head = int8_head(head) if self.int8 else head.eval()
+            self.stepper = _HeadStep(self.head)
+        else:
+            self.head = head.eval()
+            self.stepper = FastEagleStep(self.head, self.int8)
         self.embedding = embedding.detach().to(torch.float32)
         self.draft_vocab = head.draft_vocab.to(torch.int64)
         # EAGLE-1 scores drafts with the target's own LM-head rows; EAGLE-3 has its own LM head
