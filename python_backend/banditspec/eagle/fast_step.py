@@ -30,8 +30,10 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from banditspec.eagle.head import EagleHead, rope_cos_sin
+from banditspec.eagle.head import EagleConfig, EagleHead, rope_cos_sin
+from banditspec.engine import panel_kernel
 from banditspec.engine.fast_llama import Int8Linear, PackedLinear
+from banditspec.engine.panel_kernel import PanelInt8Linear, float_rows
 
 
 # Steps over at most this many pairs run natively; longer ones (a request's first call, a
@@ -74,12 +76,11 @@ class FastEagleStep:
         c = self.config = head.config
         linear = Int8Linear if int8 else (lambda w: PackedLinear(w, packed=False))
         with torch.no_grad():
-            self.fc = linear(head.fc.weight)
+            # fc, qkv, o, gate_up, down: the order bs_eagle_step takes them in
+            weights = [head.fc.weight, torch.cat([head.q_proj.weight, head.k_proj.weight, head.v_proj.weight]),
+                       head.o_proj.weight, torch.cat([head.gate_proj.weight, head.up_proj.weight]), head.down_proj.weight]
+            self.fc, self.qkv, self.o, self.gate_up, self.down = (linear(w) for w in weights)
             self.fc_bias = head.fc.bias.detach().float().clone()
-            self.qkv = linear(torch.cat([head.q_proj.weight, head.k_proj.weight, head.v_proj.weight]))
-            self.o = linear(head.o_proj.weight)
-            self.gate_up = linear(torch.cat([head.gate_proj.weight, head.up_proj.weight]))
-            self.down = linear(head.down_proj.weight)
             self.norms = {name: getattr(head, name).weight.detach().float().clone()
                           for name in ("embed_norm", "feature_norm", "post_attention_norm", "out_norm")}
         self.eps = c.rms_norm_eps
@@ -87,13 +88,11 @@ class FastEagleStep:
         self._native: _NativeStep | None = None
         self.native_max_pairs = NATIVE_MAX_PAIRS
         if int8 and native is not False and c.head_dim % 8 == 0:  # the C attention's vectors
-            from banditspec.engine import panel_kernel
-
             library = panel_kernel.load()
             if library is None and native:
                 raise RuntimeError(f"native Eagle step unavailable: {panel_kernel.unavailable_reason()}")
             if library is not None:
-                self._native = _NativeStep(head, library, self.norms, self.fc_bias)
+                self._native = _NativeStep(c, library, weights, self.norms, self.fc_bias)
 
     @property
     def native(self) -> bool:
@@ -151,36 +150,31 @@ class FastEagleStep:
 class _NativeStep:
     """The head's weights in the C kernel's int8 panels, and the call of ``bs_eagle_step``."""
 
-    def __init__(self, head: EagleHead, library: ctypes.CDLL, norms: dict[str, torch.Tensor], fc_bias: torch.Tensor):
-        from banditspec.engine.panel_kernel import PanelInt8Linear
-
-        c = head.config
-        self._lib, self.config = library, c
-        with torch.no_grad():
-            weights = [head.fc.weight, torch.cat([head.q_proj.weight, head.k_proj.weight, head.v_proj.weight]),
-                       head.o_proj.weight, torch.cat([head.gate_proj.weight, head.up_proj.weight]), head.down_proj.weight]
-            self.linears = [PanelInt8Linear(w, library) for w in weights]
+    def __init__(self, config: EagleConfig, library: ctypes.CDLL, weights: list[torch.Tensor],
+                 norms: dict[str, torch.Tensor], fc_bias: torch.Tensor):
+        """weights: fc, qkv, o, gate_up, down (fp32, fused as the torch runner fuses them)."""
+        self._lib, self.config = library, config
+        self.linears = [PanelInt8Linear(w, library) for w in weights]
         self.norms = [norms[n].contiguous() for n in ("embed_norm", "feature_norm", "post_attention_norm", "out_norm")]
         self.fc_bias = fc_bias.contiguous()
-        pointers = ctypes.c_void_p * 5
-        self._norm_ptrs = (ctypes.c_void_p * 4)(*[n.data_ptr() for n in self.norms])
-        self._weight_ptrs = pointers(*[lin.packed.data_ptr() for lin in self.linears])
-        self._strides = (ctypes.c_int64 * 5)(*[lin.stride for lin in self.linears])
-        self._scale_ptrs = pointers(*[lin.scale.data_ptr() for lin in self.linears])
+        # pointer tables (kept alive as attributes) and their addresses, fixed for the runner's life
+        self._tables = ((ctypes.c_void_p * 4)(*[n.data_ptr() for n in self.norms]),
+                        (ctypes.c_void_p * 5)(*[lin.packed.data_ptr() for lin in self.linears]),
+                        (ctypes.c_int64 * 5)(*[lin.stride for lin in self.linears]),
+                        (ctypes.c_void_p * 5)(*[lin.scale.data_ptr() for lin in self.linears]))
+        self._addresses = tuple(ctypes.addressof(table) for table in self._tables)
 
     def step(self, embeddings: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              cache: KVBuffer, past: int) -> torch.Tensor:
         """Predicted features [1, T, H]; writes the cache's rows past .. past + T - 1."""
         c = self.config
         t = features.shape[1]
-        emb = embeddings.reshape(t, c.hidden_size).float().contiguous()
-        feat = features.reshape(t, c.hidden_size).float().contiguous()
+        emb, feat = float_rows(embeddings, c.hidden_size), float_rows(features, c.hidden_size)
         cos, sin = cos.contiguous(), sin.contiguous()
         out = torch.empty(1, t, c.hidden_size)
         self._lib.bs_eagle_step(
             t, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
-            emb.data_ptr(), feat.data_ptr(), ctypes.addressof(self._norm_ptrs), ctypes.addressof(self._weight_ptrs),
-            ctypes.addressof(self._strides), ctypes.addressof(self._scale_ptrs),
+            emb.data_ptr(), feat.data_ptr(), *self._addresses,
             self.fc_bias.data_ptr(), cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
             cache.k.shape[2], past, out.data_ptr())
         return out

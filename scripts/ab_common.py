@@ -1,0 +1,37 @@
+"""What the A/B scripts share: one row per request, and the summary they print and save.
+
+Each script runs two settings of costaware on the same prompts, interleaved per prompt
+(order alternating); a row holds (workload, prompt, setting, tokens, seconds, decode
+seconds, ms outside the target over the decode steps, decode steps, output digest).
+"""
+
+import json
+
+COLUMNS = ["workload", "prompt", "method", "tokens", "seconds", "decode_seconds", "rest_of_steps_ms", "decode_steps",
+           "digest"]
+WORKLOADS = ("code", "code-edit", "chat", "mixed")
+
+
+def row(workload: str, prompt: int, setting: str, record) -> tuple:
+    """A RunRecord as a row (its first step, the prompt's prefill, left out of the decode figures)."""
+    rest = [s - v for s, v in zip(record.step_ms[1:], record.verify_ms[1:])]
+    return (workload, prompt, setting, record.generated_tokens, record.seconds, sum(record.step_ms[1:]) / 1000,
+            sum(rest), len(rest), record.output_digest)
+
+
+def report(rows: list, first: str, second: str, out: str) -> None:
+    """Writes the rows to ``out`` (JSON) and prints, per workload and pooled, tokens/s of
+    ``first`` over ``second`` (overall and decode only), their ms outside the target per
+    step, and whether every prompt's outputs were identical."""
+    with open(out, "w") as f:
+        json.dump({"columns": COLUMNS, "rows": rows}, f)
+    for w in (*WORKLOADS, "all"):
+        agg = {}
+        for m in (first, second):
+            rs = [r for r in rows if (w == "all" or r[0] == w) and r[2] == m]
+            agg[m] = (sum(r[3] for r in rs) / sum(r[4] for r in rs), sum(r[6] for r in rs) / sum(r[7] for r in rs),
+                      sum(r[3] for r in rs) / sum(r[5] for r in rs))
+        same = all(len({r[8] for r in rows if r[0] == ww and r[1] == i}) == 1 for ww, i in {(r[0], r[1]) for r in rows})
+        print(f"{w:10s} {first}/{second} tokens/s {agg[first][0] / agg[second][0]:.3f}  decode "
+              f"{agg[first][2] / agg[second][2]:.3f}  rest ms/step {agg[first][1]:.2f} vs {agg[second][1]:.2f}  "
+              f"identical {same}")
