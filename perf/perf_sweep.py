@@ -104,8 +104,11 @@ def run_perf_analyzer(command: list[str], log_path: Path, timeout: float) -> Non
     with open(log_path, "w") as log:
         proc = subprocess.run(command, env=perf_analyzer_env(), stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
     if proc.returncode != 0:
-        tail = log_path.read_text()[-2000:]
-        raise RuntimeError(f"perf_analyzer exited with {proc.returncode}:\n{tail}")
+        text = log_path.read_text()
+        # A usage error prints "Error: ..." and then ~15 KB of help: name the error, not the help's tail.
+        errors = [line for line in text.splitlines() if line.lstrip().lower().startswith("error")]
+        detail = "\n".join(errors) if errors else text[-2000:]
+        raise RuntimeError(f"perf_analyzer exited with {proc.returncode} (log: {log_path}):\n{detail}")
 
 
 # -- metrics from the profile export --------------------------------------------------
@@ -217,6 +220,9 @@ def sweep(url: str, data: dict, policies: list[str | None], concurrencies: list[
             print(f"perf_analyzer: policy {label}, concurrency {c} ...", file=sys.stderr, flush=True)
             profile = stem.with_suffix(".profile.json")
             for attempt in (1, 2):
+                # perf_analyzer refuses a --profile-export-file that already exists (usage error, exit 99).
+                profile.unlink(missing_ok=True)
+                stem.with_suffix(".csv").unlink(missing_ok=True)
                 run_perf_analyzer(command, stem.with_suffix(".log"), timeout)
                 # perf_analyzer (2.51) now and then exits 0 with an empty profile export (seen once in
                 # a full test run, not reproduced alone): that point is measured once more.
@@ -224,6 +230,7 @@ def sweep(url: str, data: dict, policies: list[str | None], concurrencies: list[
                     break
                 if attempt == 2:
                     raise RuntimeError(f"perf_analyzer wrote an empty profile export twice: {profile}")
+                stem.with_suffix(".log").replace(stem.with_suffix(".empty-profile.log"))  # kept for diagnosis
                 print(f"perf_analyzer wrote an empty {profile.name}; measuring this point again", file=sys.stderr, flush=True)
             parts.append((label, stem.with_suffix(".csv")))
             for row in streaming_metrics(json.loads(profile.read_text())):

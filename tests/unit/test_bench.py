@@ -294,3 +294,32 @@ def test_bench_runs_every_method_on_every_prompt_and_writes_table_json_and_plots
     again = parser.parse_args(["--from-json", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")])
     assert bench.run(again) == 0
     assert (tmp_path / "again" / "results.md").read_text() == report
+
+
+def test_sweep_measures_a_point_again_after_an_empty_profile_export(tmp_path, monkeypatch):
+    """perf_analyzer now and then exits 0 with an empty --profile-export-file, and refuses (exit 99) a
+    --profile-export-file that already exists: the second attempt must not trip over the first's file."""
+    module = _perf_sweep()
+    ms = 1_000_000
+    stats = json.dumps({"generated_tokens": 3})
+    profile = {"experiments": [{"experiment": {"mode": "concurrency", "value": 1},
+                                "requests": [{"timestamp": 0, "response_timestamps": [10 * ms, 30 * ms],
+                                              "response_outputs": [{"speculation_stats": stats}]}]}]}
+    calls = []
+
+    def fake_perf_analyzer(command, log_path, timeout):  # the real tool's file handling, no server
+        export = Path(command[command.index("--profile-export-file") + 1])
+        csv_path = Path(command[command.index("-f") + 1])
+        log_path.write_text("log\n")
+        if export.exists():
+            raise RuntimeError("perf_analyzer exited with 99: Path must not already exist.")
+        calls.append(export.name)
+        export.write_text("" if len(calls) == 1 else json.dumps(profile))
+        csv_path.write_text("Concurrency,Inferences/Second\n1,2.0\n")
+
+    monkeypatch.setattr(module, "run_perf_analyzer", fake_perf_analyzer)
+    monkeypatch.setattr(module, "warm_up", lambda url, policies: None)
+    rows = module.sweep("localhost:1", module.make_input_data(["a"], 4), ["vanilla"], [1], 1, tmp_path)
+    assert calls == ["vanilla_c1.profile.json"] * 2
+    assert [r["output_tokens"] for r in rows] == [3]
+    assert (tmp_path / "runs" / "vanilla_c1.empty-profile.log").exists()
