@@ -73,7 +73,8 @@ def main() -> int:
     for workload, prompts in (("chat", chat_prompts(args.chat)), ("code", code_prompts(args.code))):
         if not prompts:
             continue
-        per_gamma = {g: [] for g in args.gammas}
+        per_gamma: dict[int, list[int]] = {g: [] for g in args.gammas}
+        per_prompt: dict[int, list[float]] = {g: [] for g in args.gammas}  # each prompt's own mean
         steps = {g: 0 for g in args.gammas}
         covered, generated, mismatches = 0, 0, 0
         started = time.time()
@@ -84,6 +85,7 @@ def main() -> int:
             for g in args.gammas:
                 stats = simulate_acceptance(drafter, ids, plain, hidden, g)
                 per_gamma[g].extend(stats.accepted)
+                per_prompt[g].append(round(float(np.mean(stats.accepted)) + 1, 3) if stats.accepted else 1.0)
                 steps[g] += len(stats.accepted)
             covered += sum(t in in_vocab for t in plain)
             generated += len(plain)
@@ -96,6 +98,7 @@ def main() -> int:
             "target_tokens_in_draft_vocab": round(covered / max(1, generated), 4),
             "mean_accepted_tokens": {g: round(float(np.mean(per_gamma[g])) + 1, 3) for g in args.gammas},
             "draft_steps": steps,
+            "mean_accepted_tokens_per_prompt": per_prompt,
             "real_loop_output_mismatches": mismatches,
             "seconds": round(time.time() - started, 1),
         }

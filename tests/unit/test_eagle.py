@@ -515,6 +515,27 @@ def test_batched_greedy_features_match_a_plain_forward(tiny):
         assert tokens[len(prompt):] == greedy[len(prompt) - 1: -1]  # each answer token is greedy
 
 
+def test_batched_greedy_drops_ended_answers_and_keeps_the_rest_exact(tiny):
+    """An answer that ends (EOS) leaves the batch; the others keep their cache rows and positions."""
+    from banditspec_train.eagle.selfdistill import greedy_with_features
+
+    prompts = [random_ids(n, seed=n + 20) for n in (6, 4, 8, 5)]
+    free = greedy_with_features(tiny, prompts, max_new_tokens=8, eos_id=-1, pad_id=0, bf16=False)
+    eos = free[1][0][len(prompts[1]) + 1]  # prompt 1's second answer token ends it early
+    outputs = greedy_with_features(tiny, prompts, max_new_tokens=8, eos_id=eos, pad_id=0, bf16=False)
+    lengths = [len(t) - len(p) for p, (t, _) in zip(prompts, outputs)]
+    assert lengths[1] <= 2 and max(lengths) == 8, lengths  # one ended early, one ran to the cap
+    embedding = tiny.get_input_embeddings().weight.detach()
+    for prompt, (tokens, feats), (free_tokens, _) in zip(prompts, outputs, free):
+        n = len(tokens)
+        assert tokens == free_tokens[:n]  # the same answer, cut at its first EOS
+        assert eos not in tokens[len(prompt):-1] and (n - len(prompt) == 8 or tokens[-1] == eos)
+        expected = target_hidden(tiny, tokens)
+        np.testing.assert_allclose(feats.astype(np.float32), expected, rtol=1e-2, atol=5e-3)
+        greedy = (torch.from_numpy(expected) @ embedding.T).argmax(-1).tolist()
+        assert tokens[len(prompt):] == greedy[len(prompt) - 1: -1]
+
+
 def test_code_prompts_come_from_stdlib_docstrings():
     from banditspec_train.eagle.selfdistill import code_prompts
 

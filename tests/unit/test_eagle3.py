@@ -23,9 +23,9 @@ from banditspec.errors import BanditSpecValidationError
 from banditspec_train.eagle.evaluate import greedy_speculative
 from banditspec_train.eagle.export import export_upstream
 from banditspec_train.eagle.features import FeatureSet
-from banditspec_train.eagle.objective import Batch
+from banditspec_train.eagle.objective import Batch, weighted_steps
 from banditspec_train.eagle.objective3 import unrolled_loss3, unrolled_states
-from banditspec_train.eagle.train import TrainConfig, evaluate_head, loss_function, train_head
+from banditspec_train.eagle.train import TrainConfig, collate, evaluate_head, loss_function, train_head
 
 torch.set_num_threads(1)
 LAYERS = (1, 2, 4)
@@ -173,6 +173,39 @@ def drafter(target):
     return EagleDrafter(make_head(target), target.get_input_embeddings().weight)
 
 
+def test_fast_step_is_the_eagle3_heads_step(target):
+    """The drafting runner (torch, fp32 and int8; the one-call C step on the kernel's int8
+    weights) computes what Eagle3Head.step computes: q/k/v from both normed inputs, the
+    residual over the hidden input, no output norm; over prefills, single steps and a
+    speculative tail forgotten by truncate."""
+    from banditspec.drafters.eagle import int8_head
+    from banditspec.eagle.fast_step import FastEagleStep
+    from banditspec.engine import panel_kernel
+    from tests.unit.test_eagle import dequantized_head
+
+    head = make_head(target)
+    emb, hidden = torch.randn(1, 60, 64), torch.randn(1, 60, 64)
+    library = panel_kernel.load()
+    runners = [(FastEagleStep(head, False, rope_positions=16, native=False), head),
+               (FastEagleStep(head, True, native=False), int8_head(head))]
+    if library is not None:
+        native = FastEagleStep(head, True, native=True)
+        native.native_max_pairs = 1000  # every step natively (served: up to NATIVE_MAX_PAIRS)
+        runners.append((native, dequantized_head(head, library)))
+    for fast, reference in runners:
+        cache = fast.new_cache()
+        k, v = reference.empty_cache()
+        with torch.inference_mode():
+            for a, b in [(0, 7), (7, 8), (8, 12), (12, 13), (13, 60)]:
+                expected, k, v = reference.step(emb[:, a:b], hidden[:, a:b], k, v)
+                torch.testing.assert_close(fast.step(emb[:, a:b], hidden[:, a:b], cache), expected, rtol=1e-4, atol=1e-4)
+                fast.step(emb[:, :1], torch.randn(1, 1, 64), cache)  # speculative, then forgotten
+                cache.truncate(b)
+        torch.testing.assert_close(cache.k[:, :, :60], k, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cache.v[:, :, :60], v, rtol=1e-4, atol=1e-4)
+    assert library is None or runners[-1][0].native
+
+
 def test_drafter_asks_for_its_layers_and_checks_the_width(drafter):
     assert drafter.feature_layers == LAYERS and drafter.feature_size == 3 * 64
     session = drafter.start(random_ids(8, seed=4))
@@ -244,6 +277,53 @@ def test_tiny_training_reduces_loss_on_every_step(target):
     assert top1_after[0] > top1_before[0] + 0.08 and top1_after[1] > top1_before[1] + 0.08
     batch = Batch(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, 4 * 64), torch.ones(1, 2, dtype=torch.bool))
     assert len(unrolled_loss3(head, embedding, lm_rows, batch, steps=2).per_step_loss) == 2
+
+
+def test_loss_on_counted_pairs_only_equals_the_full_grid_loss(target):
+    """unrolled_loss3 computes logits only for the pairs in the loss: same loss, gradients and
+    agreement as scoring every position of the grid and masking it."""
+    torch.manual_seed(1)
+    head = Eagle3Head(Eagle3Config.for_target(target.config, 512, aux_layers=LAYERS))
+    embedding = target.get_input_embeddings().weight.detach()
+    lm_rows = target.lm_head.weight.detach()[head.draft_vocab]
+    fs = feature_set(target, 3, 12, seed=3)
+    batch = collate(fs, [0, 1, 2])
+    batch.counted[0, :5] = False  # a prompt not in the loss
+    batch.counted[2, 9:] = False  # padding
+    steps = 3
+    fast = unrolled_loss3(head, embedding, lm_rows, batch, steps)
+    fast.loss.backward()
+    fast_grads = [p.grad.clone() for p in head.parameters()]
+    head.zero_grad()
+
+    hidden = head.config.hidden_size
+    final = batch.features[:, 1:, -hidden:]
+    teacher = (final @ lm_rows.T).softmax(-1)
+    states = unrolled_states(head, embedding[batch.tokens[:, 1:]], batch.features[:, :-1, :-hidden], steps)
+
+    def full_grid(state, mask):  # every position scored, then masked
+        logits = head.logits(state).float()
+        loss = -(teacher * logits.log_softmax(-1)).sum(-1)
+        return loss[mask], (logits.argmax(-1) == (final @ lm_rows.T).argmax(-1))[mask]
+
+    full = weighted_steps(states, full_grid, batch.counted, 0.8)
+    full.loss.backward()
+    assert float(fast.loss.detach()) == pytest.approx(float(full.loss.detach()), rel=1e-5)
+    assert fast.per_step_loss == pytest.approx(full.per_step_loss, rel=1e-5)
+    assert fast.per_step_top1 == pytest.approx(full.per_step_top1)
+    for a, p in zip(fast_grads, head.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_distilled_loss_starts_at_the_first_draftable_answer_token():
+    from banditspec_train.eagle.selfdistill import DistillSpec, loss_starts
+
+    # prompt of P tokens: x_P (the answer's first token) comes from the prefill; pair P - 1 =
+    # (E[x_P], g_{P-1}) predicts x_{P+1}, the first token a drafter is asked for
+    assert loss_starts(DistillSpec(loss_on="answers"), [7, 12], prefix=3).tolist() == [6, 11]
+    assert loss_starts(DistillSpec(), [7, 12], prefix=3).tolist() == [3, 3]  # the prompt too, after the system turn
+    with pytest.raises(BanditSpecValidationError, match="loss_on"):
+        DistillSpec(loss_on="prompt")
 
 
 # --- the shipped head ---------------------------------------------------------------------

@@ -97,35 +97,6 @@ def int8_head(head: EagleHead | Eagle3Head) -> EagleHead | Eagle3Head:
     return quantized.eval()
 
 
-class _ConcatCache:
-    """A head's KV cache as the head's own ``step`` extends it (by concatenation): the
-    EAGLE-3 head's, which has no fast runner; same interface as :class:`KVBuffer`."""
-
-    def __init__(self, head: EagleHead | Eagle3Head):
-        self.k, self.v = head.empty_cache()
-
-    @property
-    def length(self) -> int:
-        return int(self.k.shape[2])
-
-    def truncate(self, length: int) -> None:
-        self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
-
-
-class _HeadStep:
-    """Runs a head's own ``step`` on a :class:`_ConcatCache` (FastEagleStep's interface)."""
-
-    def __init__(self, head: EagleHead | Eagle3Head):
-        self.head = head
-
-    def new_cache(self) -> _ConcatCache:
-        return _ConcatCache(self.head)
-
-    def step(self, embeddings: torch.Tensor, features: torch.Tensor, cache: _ConcatCache) -> torch.Tensor:
-        predicted, cache.k, cache.v = self.head.step(embeddings, features, cache.k, cache.v)
-        return predicted
-
-
 class EagleDrafter:
     """Shared, read-only: the head and the target's embedding matrix.
 
@@ -165,17 +136,13 @@ class EagleDrafter:
                 "embedding", f"expected shape {(cfg.target_vocab_size, cfg.hidden_size)}, "
                 f"got {tuple(embedding.shape)}")
         self.int8 = bool(int8)
-        # What runs the head while drafting: EAGLE-1 has a fused runner with its own (int8)
-        # weights (same math, faster at a few positions: eagle/fast_step.py), so its head
-        # stays as given (read for its config, and its LM head in fp32 drafting); EAGLE-3 runs
-        # its own step, on an int8 copy when drafting in int8
-        self.stepper: FastEagleStep | _HeadStep
-        if isinstance(head, Eagle3Head):
-            self.head: EagleHead | Eagle3Head = int8_head(head) if self.int8 else head.eval()
-            self.stepper = _HeadStep(self.head)
-        else:
-            self.head = head.eval()
-            self.stepper = FastEagleStep(self.head, self.int8)
+        # What runs the head's layer while drafting: a fused runner with its own (int8) weights
+        # (same math, faster at a few positions, one C call when the kernels load:
+        # eagle/fast_step.py), for both formats. The head itself is read for its config and,
+        # EAGLE-1, its LM head in fp32 drafting; EAGLE-3 keeps an int8 copy when drafting in
+        # int8 for what runs outside the layer (its projection of the target's layers, its LM head)
+        self.stepper = FastEagleStep(head.eval(), self.int8)
+        self.head: EagleHead | Eagle3Head = int8_head(head) if self.int8 and isinstance(head, Eagle3Head) else head
         self.embedding = embedding.detach().to(torch.float32)
         self.draft_vocab = head.draft_vocab.to(torch.int64)
         # EAGLE-1 scores drafts with the target's own LM-head rows; EAGLE-3 has its own LM head
@@ -185,15 +152,11 @@ class EagleDrafter:
         # Which target states a step must return (VerifyRequest.hidden_layers): () = the last one
         self.feature_layers: tuple[int, ...] = tuple(head.config.aux_layers) if isinstance(head, Eagle3Head) else ()
 
-    def step(self, embeddings: torch.Tensor, features: torch.Tensor, cache: KVBuffer | _ConcatCache) -> torch.Tensor:
+    def step(self, embeddings: torch.Tensor, features: torch.Tensor, cache: KVBuffer) -> torch.Tensor:
         """Run the head over T pairs appended to ``cache`` (a session's, from ``new_cache``)."""
-        if isinstance(cache, KVBuffer):
-            assert isinstance(self.stepper, FastEagleStep)
-            return self.stepper.step(embeddings, features, cache)
-        assert isinstance(self.stepper, _HeadStep)
         return self.stepper.step(embeddings, features, cache)
 
-    def new_cache(self) -> KVBuffer | _ConcatCache:
+    def new_cache(self) -> KVBuffer:
         return self.stepper.new_cache()
 
     @property
@@ -240,7 +203,7 @@ class EagleSession:
         self.first_feature = first_feature(len(self.tokens), drafter.prompt_window)
         self.num_features = self.first_feature  # positions first_feature .. num_features-1 have f_i
         self.pending: list[torch.Tensor] = []  # features of positions committed .. num_features-1
-        self.cache: KVBuffer | _ConcatCache = drafter.new_cache()  # real pairs first_feature .. committed-1
+        self.cache: KVBuffer = drafter.new_cache()  # real pairs first_feature .. committed-1
         self.committed = self.first_feature
         self._last_predicted: torch.Tensor | None = None  # f^ after the last real pair
         self._first: tuple[int, int, float] | None = None  # (committed, token, confidence) of the last preview

@@ -1,6 +1,8 @@
-"""The EAGLE-1 head's incremental step for drafting, with fewer, larger kernels.
+"""An Eagle head's incremental step for drafting, with fewer, larger kernels.
 
-Same math as :meth:`banditspec.eagle.head.EagleHead.step`; what differs is only how it is
+Same math as :meth:`banditspec.eagle.head.EagleHead.step` (EAGLE-1) and
+:meth:`banditspec.eagle.head3.Eagle3Head.step` (EAGLE-3: q/k/v straight from the two normed
+inputs, the residual over the hidden input, no output norm); what differs is only how it is
 run, because at one to a few positions per call the head's cost was mostly per-op overhead
 (~60 small ops for a 4.5 M-parameter layer: ~0.9 ms a token here, as much as a target
 layer):
@@ -31,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from banditspec.eagle.head import EagleConfig, EagleHead, rope_cos_sin
+from banditspec.eagle.head3 import Eagle3Config, Eagle3Head
 from banditspec.engine import panel_kernel
 from banditspec.engine.fast_llama import Int8Linear, PackedLinear
 from banditspec.engine.panel_kernel import PanelInt8Linear, float_rows
@@ -68,21 +71,41 @@ class KVBuffer:
         self.length = min(self.length, length)
 
 
-class FastEagleStep:
-    """Drafting-only runner of an :class:`EagleHead` (weights copied, int8 or fp32)."""
+def _step_weights(head: EagleHead | Eagle3Head) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+    """(fc, qkv, o, gate_up, down weights: the order bs_eagle_step takes them in; the norms by
+    role; fc's bias). EAGLE-3 has no fc in its step (its projection of the target's layers runs
+    before, ``Eagle3Head.project``): its slot holds the qkv weight again, never read."""
+    if isinstance(head, Eagle3Head):
+        m = head.midlayer
+        attn, mlp = m.self_attn, m.mlp
+        qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])  # [QKV, 2H]
+        norms = {"embed_norm": m.input_layernorm.weight, "feature_norm": m.hidden_norm.weight,
+                 "post_attention_norm": m.post_attention_layernorm.weight, "out_norm": head.norm.weight}
+        weights = [qkv, qkv, attn.o_proj.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight]
+        bias = torch.zeros(head.config.hidden_size)
+    else:
+        weights = [head.fc.weight, torch.cat([head.q_proj.weight, head.k_proj.weight, head.v_proj.weight]),
+                   head.o_proj.weight, torch.cat([head.gate_proj.weight, head.up_proj.weight]), head.down_proj.weight]
+        norms = {name: getattr(head, name).weight for name in ("embed_norm", "feature_norm", "post_attention_norm", "out_norm")}
+        bias = head.fc.bias
+    return ([w.detach().float() for w in weights], {k: v.detach().float().clone() for k, v in norms.items()},
+            bias.detach().float().clone())
 
-    def __init__(self, head: EagleHead, int8: bool, rope_positions: int = 4096, native: bool | None = None):
+
+class FastEagleStep:
+    """Drafting-only runner of an :class:`EagleHead` or :class:`Eagle3Head` (weights copied,
+    int8 or fp32)."""
+
+    def __init__(self, head: EagleHead | Eagle3Head, int8: bool, rope_positions: int = 4096,
+                 native: bool | None = None):
         """native: run each step as one C call (int8 only); None: when the kernels load here."""
         c = self.config = head.config
+        self.eagle3 = isinstance(head, Eagle3Head)
         linear = Int8Linear if int8 else (lambda w: PackedLinear(w, packed=False))
         with torch.no_grad():
-            # fc, qkv, o, gate_up, down: the order bs_eagle_step takes them in
-            weights = [head.fc.weight, torch.cat([head.q_proj.weight, head.k_proj.weight, head.v_proj.weight]),
-                       head.o_proj.weight, torch.cat([head.gate_proj.weight, head.up_proj.weight]), head.down_proj.weight]
-            self.fc, self.qkv, self.o, self.gate_up, self.down = (linear(w) for w in weights)
-            self.fc_bias = head.fc.bias.detach().float().clone()
-            self.norms = {name: getattr(head, name).weight.detach().float().clone()
-                          for name in ("embed_norm", "feature_norm", "post_attention_norm", "out_norm")}
+            weights, self.norms, self.fc_bias = _step_weights(head)
+            self.fc = None if self.eagle3 else linear(weights[0])
+            self.qkv, self.o, self.gate_up, self.down = (linear(w) for w in weights[1:])
         self.eps = c.rms_norm_eps
         self._cos, self._sin = rope_cos_sin(torch.arange(rope_positions), c.head_dim, c.rope_theta)
         self._native: _NativeStep | None = None
@@ -92,7 +115,7 @@ class FastEagleStep:
             if library is None and native:
                 raise RuntimeError(f"native Eagle step unavailable: {panel_kernel.unavailable_reason()}")
             if library is not None:
-                self._native = _NativeStep(c, library, weights, self.norms, self.fc_bias)
+                self._native = _NativeStep(c, library, weights, self.norms, self.fc_bias, self.eagle3)
 
     @property
     def native(self) -> bool:
@@ -129,9 +152,13 @@ class FastEagleStep:
             out = self._native.step(embeddings, features, cos, sin, cache, past)
             cache.length = past + t
             return out
-        u = self.fc(torch.cat([self._norm(embeddings, "embed_norm"), self._norm(features, "feature_norm")], dim=-1))
-        u = u + self.fc_bias  # [1, T, H]
-        qkv = self.qkv(u).view(t, nh + 2 * nkv, d).transpose(0, 1)  # [nh + 2 nkv, T, d]
+        pair = torch.cat([self._norm(embeddings, "embed_norm"), self._norm(features, "feature_norm")], dim=-1)  # [1, T, 2H]
+        if self.fc is None:  # EAGLE-3: q/k/v from the pair, the residual over the hidden input
+            residual, qkv = features, self.qkv(pair)
+        else:  # EAGLE-1: the pair fused to u first, the residual over u
+            residual = self.fc(pair) + self.fc_bias  # [1, T, H]
+            qkv = self.qkv(residual)
+        qkv = qkv.view(t, nh + 2 * nkv, d).transpose(0, 1)  # [nh + 2 nkv, T, d]
         cos, sin = self._rope(past, t)
         q = self._rotate(qkv[:nh], cos, sin).unsqueeze(0)  # [1, nh, T, d]
         cache.reserve(past + t)
@@ -141,20 +168,22 @@ class FastEagleStep:
         k, v = cache.k[:, :, : past + t], cache.v[:, :, : past + t]
         mask = torch.ones(t, past + t, dtype=torch.bool).tril(diagonal=past) if t > 1 else None
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # [1, nh, T, d]
-        x = u + self.o(attn.transpose(1, 2).reshape(1, t, c.hidden_size))
+        x = residual + self.o(attn.transpose(1, 2).reshape(1, t, c.hidden_size))
         gate, up = self.gate_up(self._norm(x, "post_attention_norm")).chunk(2, dim=-1)
         x = x + self.down(F.silu(gate) * up)
-        return self._norm(x, "out_norm")
+        return x if self.eagle3 else self._norm(x, "out_norm")  # EAGLE-3's norm belongs to its logits
 
 
 class _NativeStep:
     """The head's weights in the C kernel's int8 panels, and the call of ``bs_eagle_step``."""
 
-    def __init__(self, config: EagleConfig, library: ctypes.CDLL, weights: list[torch.Tensor],
-                 norms: dict[str, torch.Tensor], fc_bias: torch.Tensor):
-        """weights: fc, qkv, o, gate_up, down (fp32, fused as the torch runner fuses them)."""
-        self._lib, self.config = library, config
-        self.linears = [PanelInt8Linear(w, library) for w in weights]
+    def __init__(self, config: EagleConfig | Eagle3Config, library: ctypes.CDLL, weights: list[torch.Tensor],
+                 norms: dict[str, torch.Tensor], fc_bias: torch.Tensor, eagle3: bool = False):
+        """weights: fc, qkv, o, gate_up, down (fp32, fused as the torch runner fuses them; EAGLE-3's
+        fc slot is its qkv again, unread by the kernel, packed once)."""
+        self._lib, self.config, self.eagle3 = library, config, eagle3
+        packed = {id(w): PanelInt8Linear(w, library) for w in weights}
+        self.linears = [packed[id(w)] for w in weights]
         self.norms = [norms[n].contiguous() for n in ("embed_norm", "feature_norm", "post_attention_norm", "out_norm")]
         self.fc_bias = fc_bias.contiguous()
         # pointer tables (kept alive as attributes) and their addresses, fixed for the runner's life
@@ -172,9 +201,11 @@ class _NativeStep:
         emb, feat = float_rows(embeddings, c.hidden_size), float_rows(features, c.hidden_size)
         cos, sin = cos.contiguous(), sin.contiguous()
         out = torch.empty(1, t, c.hidden_size)
-        self._lib.bs_eagle_step(
+        status = self._lib.bs_eagle_step(
             t, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
             emb.data_ptr(), feat.data_ptr(), *self._addresses,
             self.fc_bias.data_ptr(), cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(),
-            cache.k.shape[2], past, out.data_ptr())
+            cache.k.shape[2], past, out.data_ptr(), int(self.eagle3))
+        if status != 0:
+            raise MemoryError("bs_eagle_step could not allocate its scratch memory")
         return out

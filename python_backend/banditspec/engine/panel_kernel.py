@@ -106,8 +106,8 @@ def load() -> ctypes.CDLL | None:
         library.bs_i8_stride.restype = i64
         library.bs_i8_max_rows.restype = ctypes.c_int
         library.bs_i8_group_columns.restype = ctypes.c_int
-        library.bs_eagle_step.argtypes = [i64] * 6 + [ctypes.c_float] + [ptr] * 11 + [i64, i64, ptr]
-        library.bs_eagle_step.restype = None
+        library.bs_eagle_step.argtypes = [i64] * 6 + [ctypes.c_float] + [ptr] * 11 + [i64, i64, ptr, i64]
+        library.bs_eagle_step.restype = ctypes.c_int
         _library = library
         return library
 

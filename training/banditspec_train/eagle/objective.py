@@ -15,6 +15,7 @@ step_decay ** (s - 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -85,33 +86,35 @@ def unrolled_loss(head: EagleHead, embedding: torch.Tensor, batch: Batch, steps:
     predictions = unrolled_predictions(head, embedding[batch.tokens[:, 1:]], batch.features[:, :-1],
                                        steps, noise)
 
-    def position_loss(predicted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def score(predicted: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = head.draft_logits(predicted, lm_rows)
         reg = F.smooth_l1_loss(predicted.float(), target, reduction="none").mean(-1)
         cls = -(teacher_probs * logits.float().log_softmax(-1)).sum(-1)
-        return reg + cls_weight * cls, logits
+        return (reg + cls_weight * cls)[mask], (logits.detach().argmax(-1) == teacher_top1)[mask]
 
-    return weighted_steps(predictions, position_loss, batch.counted, teacher_top1, step_decay)
+    return weighted_steps(predictions, score, batch.counted, step_decay)
 
 
-def weighted_steps(outputs: list[torch.Tensor], position_loss, counted: torch.Tensor,
-                   teacher_top1: torch.Tensor, step_decay: float) -> StepStats:
+Score = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def weighted_steps(outputs: list[torch.Tensor], score: Score, counted: torch.Tensor, step_decay: float) -> StepStats:
     """Per-step mean loss over counted pairs (step s counts pairs i >= s - 1), weighted
-    ``step_decay ** (s - 1)``, and top-1 agreement. ``position_loss(output)`` -> (loss per
-    pair [B, N], draft-vocabulary logits [B, N, K])."""
+    ``step_decay ** (s - 1)``, and top-1 agreement. ``score(output, mask)`` -> (loss of each
+    pair in ``mask`` [m], whether the head's argmax is the target's there [m]), in ``mask``'s
+    row-major order (it may compute only those pairs)."""
     total = torch.zeros(())
     weight_sum = 0.0
     per_loss, per_top1 = [], []
     for step, output in enumerate(outputs, start=1):
         mask = counted.clone()
         mask[:, : step - 1] = False
-        denom = mask.sum().clamp(min=1)
-        pair_loss, logits = position_loss(output)
-        loss = (pair_loss * mask).sum() / denom
+        denom = max(1, int(mask.sum()))
+        pair_loss, agree = score(output, mask)
+        loss = pair_loss.sum() / denom
         w = step_decay ** (step - 1)
         total = total + w * loss
         weight_sum += w
         per_loss.append(float(loss.detach()))
-        agree = (logits.detach().argmax(-1) == teacher_top1) & mask
-        per_top1.append(float(agree.sum() / denom))
+        per_top1.append(float(agree.sum()) / denom)
     return StepStats(total / weight_sum, per_loss, per_top1)

@@ -49,18 +49,24 @@ def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tenso
 def unrolled_loss3(head: Eagle3Head, embedding: torch.Tensor, lm_rows: torch.Tensor, batch: Batch,
                    steps: int, step_decay: float = 0.8) -> StepStats:
     """embedding: float32 [V, H] (the target's frozen embedding); lm_rows: float32 [K, H], the
-    target's LM-head rows of the draft vocabulary (teacher logits). batch.features: [B, T, (k+1) H]."""
+    target's LM-head rows of the draft vocabulary (teacher logits). batch.features: [B, T, (k+1) H].
+
+    Logits (the head's and the teacher's, [*, K]: most of a step's cost) are computed only for
+    the pairs in the loss (batch.counted; step s drops pairs i < s - 1), not for padding or
+    prompt positions (the same loss as scoring the full grid and masking it)."""
     hidden_size = head.config.hidden_size
     aux = batch.features[:, :-1, :-hidden_size]  # a_i, pairs i = 0 .. T-2
-    final = batch.features[:, 1:, -hidden_size:]  # f_{i+1}: the target's state that decides x_{i+2}
+    counted = batch.counted  # [B, T-1]
     with torch.no_grad():
-        teacher_logits = final @ lm_rows.T  # [B, T-1, K]
+        final = batch.features[:, 1:, -hidden_size:][counted]  # f_{i+1} of counted pairs [M, H]
+        teacher_logits = final @ lm_rows.T  # [M, K]
         teacher_probs = teacher_logits.float().softmax(-1)
         teacher_top1 = teacher_logits.argmax(-1)
     states = unrolled_states(head, embedding[batch.tokens[:, 1:]], aux, steps)
 
-    def position_loss(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = head.logits(state).float()
-        return -(teacher_probs * logits.log_softmax(-1)).sum(-1), logits
+    def score(state: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keep = mask[counted]  # [M]: which counted pairs this step scores (same row-major order)
+        logits = head.logits(state[mask]).float()  # [m, K]
+        return -(teacher_probs[keep] * logits.log_softmax(-1)).sum(-1), logits.detach().argmax(-1) == teacher_top1[keep]
 
-    return weighted_steps(states, position_loss, batch.counted, teacher_top1, step_decay)
+    return weighted_steps(states, score, counted, step_decay)

@@ -29,6 +29,7 @@ from banditspec_train.eagle.corpus import system_prefix_len
 from banditspec_train.eagle.features import FeatureSet
 
 PROMPT_CHARS = 600  # longer requests are skipped (keeps batches short and fast)
+LOSS_ON = ("answers", "text")
 CODE_TEMPLATE = "Complete the following Python function.\n\n```python\n{code}```"
 
 
@@ -41,8 +42,15 @@ class DistillSpec:
     seed: int = 0
     aux_layers: tuple[int, ...] = ()  # decoder layers whose outputs are kept too (EAGLE-3)
     bf16: bool = False  # bf16 autocast: ~2.5x faster with AVX512-BF16, several times SLOWER on AVX2
+    # Which pairs count in the loss: "text" (the user's prompt and the answer, after the
+    # template's system turn: how the shipped heads were trained) or "answers" (only the tokens
+    # a drafter is asked for: the answer after its first token). A build on "answers" (with more
+    # data, 2 epochs, 4 unrolled steps) drafted no better (engine_build/eagle/README.md).
+    loss_on: str = "text"
 
     def __post_init__(self) -> None:
+        if self.loss_on not in LOSS_ON:
+            raise BanditSpecValidationError("loss_on", f"must be one of {LOSS_ON}, got {self.loss_on!r}")
         for name in ("chat_prompts", "code_prompts"):
             if getattr(self, name) < 0:
                 raise BanditSpecValidationError(name, "must be >= 0")
@@ -142,26 +150,31 @@ def greedy_with_features(model, prompts: list[list[int]], max_new_tokens: int, e
         rows = _features(output, aux_layers)
         features = [[rows[row, width - len(p):]] for row, p in enumerate(prompts)]
         answers: list[list[int]] = [[] for _ in prompts]
-        active = torch.ones(batch, dtype=torch.bool)
         token = model.lm_head(hidden[:, -1]).argmax(-1)
         last_position = positions[:, -1:]
+        live = list(range(batch))  # the prompts still in the batch, by batch row
         for _ in range(max_new_tokens):
-            fed = active.clone()
-            for row in torch.nonzero(fed).flatten().tolist():
-                answers[row].append(int(token[row]))
+            ended = []
+            for row, prompt in enumerate(live):
+                answers[prompt].append(int(token[row]))
                 if int(token[row]) == eos_id:
-                    active[row] = False
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+                    ended.append(row)
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=torch.long)], dim=1)
             last_position = last_position + 1
             output = model.model(input_ids=token[:, None], attention_mask=mask, position_ids=last_position,
                                  cache=cache, use_cache=True, output_hidden_states=wants)
             out = output.last_hidden_state[:, -1].float()
             rows = _features(output, aux_layers)[:, -1]
-            for row in torch.nonzero(fed).flatten().tolist():
-                features[row].append(rows[row: row + 1])
+            for row, prompt in enumerate(live):
+                features[prompt].append(rows[row: row + 1])
             token = model.lm_head(out).argmax(-1)
-            if not active.any():
-                break
+            if ended:  # an answer that ended has its last feature now: its row leaves the batch
+                keep = torch.tensor([r for r in range(len(live)) if r not in set(ended)], dtype=torch.long)
+                if len(keep) == 0:
+                    break
+                cache.batch_select_indices(keep)
+                mask, last_position, token = mask[keep], last_position[keep], token[keep]
+                live = [live[r] for r in keep.tolist()]
     # float16 holds the residual stream's rare large entries (~2.5e4 here); clamp so none overflows
     return [(list(p) + a, torch.cat(f).clamp(-65000, 65000).to(torch.float16).numpy())
             for p, a, f in zip(prompts, answers, features)]
@@ -204,6 +217,15 @@ def _answer_batches(model, tokenizer, spec: DistillSpec, encoded: list[list[int]
                      features=np.concatenate([results[i][1] for i in batch]))
             tmp.rename(shard)
     return results
+
+
+def loss_starts(spec: DistillSpec, prompt_lengths: list[int], prefix: int) -> np.ndarray:
+    """First pair index in the loss per sequence. Pair i predicts token i + 2 (EAGLE-3: pair i =
+    (E[x_{i+1}], g_i)), so the first answer token a drafter can be asked for (x_{P+1}: x_P, the
+    answer's first token, comes from the prefill) is pair P - 1 for a prompt of P tokens."""
+    if spec.loss_on == "text":
+        return np.full(len(prompt_lengths), prefix, dtype=np.int32)
+    return np.asarray([max(0, n - 1) for n in prompt_lengths], dtype=np.int32)
 
 
 def _worker_main(model_name: str, spec: DistillSpec, shard_dir: Path, worker: int, workers: int) -> None:
@@ -268,6 +290,6 @@ def distill(model, tokenizer, spec: DistillSpec, shard_dir: Path | None = None,
         tokens=np.concatenate([results[i][0] for i in indices]),
         features=np.concatenate([results[i][1] for i in indices]),
         offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        loss_from=np.full(len(indices), prefix, dtype=np.int32),
+        loss_from=loss_starts(spec, [len(encoded[i]) for i in indices], prefix),
         kinds=np.asarray([kinds[i] for i in indices], dtype="<U4"),
     )

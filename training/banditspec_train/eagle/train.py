@@ -222,6 +222,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=ds.max_new_tokens)
     parser.add_argument("--distill-batch", type=int, default=ds.batch_size,
                         help="sequences the target answers together (batched greedy decoding)")
+    parser.add_argument("--loss-on", default=ds.loss_on, choices=("answers", "text"),
+                        help="pairs in the loss: the target's answers only (what a drafter is asked "
+                             "for) or the user's prompt too")
     parser.add_argument("--distill-workers", type=int, default=2,
                         help="self-distillation processes of one torch thread each (one per core)")
     parser.add_argument("--text-chat-tokens", type=int, default=c.chat_tokens,
@@ -278,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     aux = default_aux_layers(model.config.num_hidden_layers) if args.format == "eagle3" else ()
     distill_spec = DistillSpec(chat_prompts=args.chat_prompts, code_prompts=args.code_prompts,
                                max_new_tokens=args.max_new_tokens, batch_size=args.distill_batch,
-                               seed=args.seed, aux_layers=aux)
+                               seed=args.seed, aux_layers=aux, loss_on=args.loss_on)
     text_spec = CorpusSpec(chat_tokens=args.text_chat_tokens, code_tokens=args.text_code_tokens,
                            seed=args.seed)
     if aux and text_spec.chat_tokens + text_spec.code_tokens > 0:

@@ -649,18 +649,22 @@ static void rope_row(const float *x, const float *cos_r, const float *sin_r, int
     for (int64_t i = half; i < D; ++i) y[i] = x[i] * cos_r[i] + x[i - half] * sin_r[i];
 }
 
-/* One incremental step of the EAGLE-1 head (banditspec/eagle/fast_step.py, same math) over
- * T new pairs, int8 weights, in one call: a call after a target forward otherwise paid the
- * caches' misses op by op (~25 torch ops). emb, feat: [T, H]; norms: embed, feature,
- * post-attention, out [H]; w/strides/scales: fc (2H -> H), qkv (H -> (NH + 2 NKV) D),
- * o (NH D -> H), gate_up (H -> 2 I), down (I -> H), packed by bs_i8 layout; fc_bias [H];
- * cos, sin: [T, D] for positions past .. past + T - 1; kc, vc: the session's cache
- * [NKV, capacity, D] (rows past .. past + T - 1 are written); out: [T, H]. */
-__attribute__((target("avx2,fma"))) void bs_eagle_step(
+/* One incremental step of an Eagle head (banditspec/eagle/fast_step.py, same math) over T new
+ * pairs, int8 weights, in one call: a call after a target forward otherwise paid the caches'
+ * misses op by op (~25 torch ops). emb, feat: [T, H]; norms: embed, feature, post-attention,
+ * out [H]; w/strides/scales: fc, qkv, o (NH D -> H), gate_up (H -> 2 I), down (I -> H), packed
+ * by bs_i8 layout; cos, sin: [T, D] for positions past .. past + T - 1; kc, vc: the session's
+ * cache [NKV, capacity, D] (rows past .. past + T - 1 are written); out: [T, H].
+ *   EAGLE-1 (eagle3 = 0): u = fc([norm(emb); norm(feat)]) + fc_bias (2H -> H), qkv from u
+ *     (H -> QKV), the attention's residual over u, out = out_norm(x).
+ *   EAGLE-3 (eagle3 = 1): qkv straight from [norm(emb); norm(feat)] (2H -> QKV; w[0], fc_bias
+ *     and norms[3] unread), the residual over feat (the head's hidden input), out = x.
+ * Returns 0, or -1 when its scratch memory could not be allocated (nothing written then). */
+__attribute__((target("avx2,fma"))) int bs_eagle_step(
     int64_t T, int64_t H, int64_t NH, int64_t NKV, int64_t D, int64_t I, float eps, const float *emb,
     const float *feat, const float *const *norms, const int8_t *const *w, const int64_t *strides,
     const float *const *scales, const float *fc_bias, const float *cos, const float *sin, float *kc, float *vc,
-    int64_t capacity, int64_t past, float *out) {
+    int64_t capacity, int64_t past, float *out, int64_t eagle3) {
     const int64_t QKV = (NH + 2 * NKV) * D;
     float *xin = malloc(sizeof(float) * T * 2 * H), *u = malloc(sizeof(float) * T * H),
           *qkv = malloc(sizeof(float) * T * QKV), *q = malloc(sizeof(float) * NH * T * D),
@@ -668,12 +672,24 @@ __attribute__((target("avx2,fma"))) void bs_eagle_step(
           *hn = malloc(sizeof(float) * T * H), *gu = malloc(sizeof(float) * T * 2 * I),
           *act = malloc(sizeof(float) * T * I);
     int64_t *lo = malloc(sizeof(int64_t) * T), *hi = malloc(sizeof(int64_t) * T);
+    int status = 0;
+    if (!xin || !u || !qkv || !q || !attn || !x || !hn || !gu || !act || !lo || !hi) {
+        status = -1;
+        goto done;
+    }
     rms_norm_rows(emb, T, H, H, norms[0], eps, xin, 2 * H);
     rms_norm_rows(feat, T, H, H, norms[1], eps, xin + H, 2 * H);
-    i8_gemm_rows(xin, T, 2 * H, w[0], strides[0], scales[0], H, u);
-    for (int64_t t = 0; t < T; ++t)
-        for (int64_t i = 0; i < H; ++i) u[t * H + i] += fc_bias[i];
-    i8_gemm_rows(u, T, H, w[1], strides[1], scales[1], QKV, qkv);
+    const float *residual;
+    if (eagle3) {
+        i8_gemm_rows(xin, T, 2 * H, w[1], strides[1], scales[1], QKV, qkv);
+        residual = feat;
+    } else {
+        i8_gemm_rows(xin, T, 2 * H, w[0], strides[0], scales[0], H, u);
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < H; ++i) u[t * H + i] += fc_bias[i];
+        i8_gemm_rows(u, T, H, w[1], strides[1], scales[1], QKV, qkv);
+        residual = u;
+    }
     for (int64_t t = 0; t < T; ++t) {
         const float *row = qkv + t * QKV, *c = cos + t * D, *s = sin + t * D;
         for (int64_t h = 0; h < NH; ++h) rope_row(row + h * D, c, s, D, q + (h * T + t) * D);
@@ -687,7 +703,7 @@ __attribute__((target("avx2,fma"))) void bs_eagle_step(
     bs_attention(q, NH * T * D, T * D, D, kc, vc, NKV * capacity * D, capacity * D, lo, hi, attn, 1, NH, NKV, T,
                  D, 1.0f / sqrtf((float)D), 1);
     i8_gemm_rows(attn, T, NH * D, w[2], strides[2], scales[2], H, x);
-    for (int64_t i = 0; i < T * H; ++i) x[i] += u[i];
+    for (int64_t i = 0; i < T * H; ++i) x[i] += residual[i];
     rms_norm_rows(x, T, H, H, norms[2], eps, hn, H);
     i8_gemm_rows(hn, T, H, w[3], strides[3], scales[3], 2 * I, gu);
     for (int64_t t = 0; t < T; ++t)
@@ -697,6 +713,11 @@ __attribute__((target("avx2,fma"))) void bs_eagle_step(
         }
     i8_gemm_rows(act, T, I, w[4], strides[4], scales[4], H, hn);
     for (int64_t i = 0; i < T * H; ++i) x[i] += hn[i];
-    rms_norm_rows(x, T, H, H, norms[3], eps, out, H);
+    if (eagle3)
+        memcpy(out, x, sizeof(float) * T * H);
+    else
+        rms_norm_rows(x, T, H, H, norms[3], eps, out, H);
+done:
     free(xin); free(u); free(qkv); free(q); free(attn); free(x); free(hn); free(gu); free(act); free(lo); free(hi);
+    return status;
 }
