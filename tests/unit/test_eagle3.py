@@ -221,6 +221,18 @@ def test_speculative_loop_output_equals_plain_greedy(drafter, target):
     assert max(spec.proposed) == 4
 
 
+def test_int8_drafter_keeps_the_given_head_for_other_drafters(target):
+    """An int8 drafter holds the head as given (tune_confidence builds drafters from
+    ``base.head``): a drafter built from it drafts the same tokens."""
+    head = make_head(target)
+    base = EagleDrafter(head, target.get_input_embeddings().weight, int8=True)
+    assert base.head is head
+    again = EagleDrafter(base.head, base.embedding, int8=True)
+    prompt = random_ids(12, seed=11)
+    runs = [greedy_speculative(target, d, prompt, gamma=4, max_new_tokens=16, eos_id=None) for d in (base, again)]
+    assert runs[0].output_ids == runs[1].output_ids and runs[0].proposed == runs[1].proposed
+
+
 def test_decoding_loop_with_eagle3_is_lossless_and_feeds_the_head(target, drafter):
     from banditspec.config import GenerationRequest
     from banditspec.decoder import SpeculativeDecoder

@@ -138,11 +138,16 @@ class EagleDrafter:
         self.int8 = bool(int8)
         # What runs the head's layer while drafting: a fused runner with its own (int8) weights
         # (same math, faster at a few positions, one C call when the kernels load:
-        # eagle/fast_step.py), for both formats. The head itself is read for its config and,
-        # EAGLE-1, its LM head in fp32 drafting; EAGLE-3 keeps an int8 copy when drafting in
-        # int8 for what runs outside the layer (its projection of the target's layers, its LM head)
-        self.stepper = FastEagleStep(head.eval(), self.int8)
-        self.head: EagleHead | Eagle3Head = int8_head(head) if self.int8 and isinstance(head, Eagle3Head) else head
+        # eagle/fast_step.py), for both formats. The head stays as given (its config; EAGLE-1's
+        # LM head in fp32 drafting; other drafters may be built from it)
+        self.head: EagleHead | Eagle3Head = head.eval()
+        self.stepper = FastEagleStep(self.head, self.int8)
+        # EAGLE-3's own projection of the target's layers and its LM head run outside that layer
+        self._project: torch.nn.Module | None = None
+        self._lm_head: torch.nn.Module | None = None
+        if isinstance(head, Eagle3Head):
+            self._project = _Int8Module(head.fc) if self.int8 else head.fc
+            self._lm_head = _Int8Module(head.lm_head) if self.int8 else head.lm_head
         self.embedding = embedding.detach().to(torch.float32)
         self.draft_vocab = head.draft_vocab.to(torch.int64)
         # EAGLE-1 scores drafts with the target's own LM-head rows; EAGLE-3 has its own LM head
@@ -171,7 +176,8 @@ class EagleDrafter:
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [K] of the head's state [.., H] for the next token."""
         if isinstance(self.head, Eagle3Head):
-            return self.head.logits(state.reshape(-1))
+            assert self._lm_head is not None
+            return self._lm_head(self.head.norm(state.reshape(-1)))  # Eagle3Head.logits
         assert self.lm_rows is not None
         if self._lm_int8 is not None:
             return self._lm_int8(state.reshape(1, -1)).reshape(-1)
@@ -179,7 +185,7 @@ class EagleDrafter:
 
     def real_input(self, features: torch.Tensor) -> torch.Tensor:
         """The head's hidden input for real target features [1, T, F]."""
-        return self.head.project(features) if isinstance(self.head, Eagle3Head) else features
+        return features if self._project is None else self._project(features)  # Eagle3Head.project
 
     @property
     def vocab_size(self) -> int:

@@ -71,25 +71,25 @@ class KVBuffer:
         self.length = min(self.length, length)
 
 
-def _step_weights(head: EagleHead | Eagle3Head) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
-    """(fc, qkv, o, gate_up, down weights: the order bs_eagle_step takes them in; the norms by
-    role; fc's bias). EAGLE-3 has no fc in its step (its projection of the target's layers runs
-    before, ``Eagle3Head.project``): its slot holds the qkv weight again, never read."""
+def _step_weights(head: EagleHead | Eagle3Head) -> tuple[torch.Tensor | None, torch.Tensor | None,
+                                                          list[torch.Tensor], dict[str, torch.Tensor]]:
+    """(fc weight, fc bias, [qkv, o, gate_up, down] weights, the norms by role), fp32. EAGLE-3 has
+    no fc in its step (its projection of the target's layers runs before: Eagle3Head.project)."""
     if isinstance(head, Eagle3Head):
         m = head.midlayer
         attn, mlp = m.self_attn, m.mlp
+        fc, bias = None, None
         qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])  # [QKV, 2H]
+        rest = [attn.o_proj.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight]
         norms = {"embed_norm": m.input_layernorm.weight, "feature_norm": m.hidden_norm.weight,
                  "post_attention_norm": m.post_attention_layernorm.weight, "out_norm": head.norm.weight}
-        weights = [qkv, qkv, attn.o_proj.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight]
-        bias = torch.zeros(head.config.hidden_size)
     else:
-        weights = [head.fc.weight, torch.cat([head.q_proj.weight, head.k_proj.weight, head.v_proj.weight]),
-                   head.o_proj.weight, torch.cat([head.gate_proj.weight, head.up_proj.weight]), head.down_proj.weight]
+        fc, bias = head.fc.weight.detach().float(), head.fc.bias.detach().float().clone()
+        qkv = torch.cat([head.q_proj.weight, head.k_proj.weight, head.v_proj.weight])  # [QKV, H]
+        rest = [head.o_proj.weight, torch.cat([head.gate_proj.weight, head.up_proj.weight]), head.down_proj.weight]
         norms = {name: getattr(head, name).weight for name in ("embed_norm", "feature_norm", "post_attention_norm", "out_norm")}
-        bias = head.fc.bias
-    return ([w.detach().float() for w in weights], {k: v.detach().float().clone() for k, v in norms.items()},
-            bias.detach().float().clone())
+    return (fc, bias, [w.detach().float() for w in [qkv, *rest]],
+            {k: v.detach().float().clone() for k, v in norms.items()})
 
 
 class FastEagleStep:
@@ -100,12 +100,11 @@ class FastEagleStep:
                  native: bool | None = None):
         """native: run each step as one C call (int8 only); None: when the kernels load here."""
         c = self.config = head.config
-        self.eagle3 = isinstance(head, Eagle3Head)
         linear = Int8Linear if int8 else (lambda w: PackedLinear(w, packed=False))
         with torch.no_grad():
-            weights, self.norms, self.fc_bias = _step_weights(head)
-            self.fc = None if self.eagle3 else linear(weights[0])
-            self.qkv, self.o, self.gate_up, self.down = (linear(w) for w in weights[1:])
+            fc, self.fc_bias, layer, self.norms = _step_weights(head)
+            self.fc = None if fc is None else linear(fc)
+            self.qkv, self.o, self.gate_up, self.down = (linear(w) for w in layer)
         self.eps = c.rms_norm_eps
         self._cos, self._sin = rope_cos_sin(torch.arange(rope_positions), c.head_dim, c.rope_theta)
         self._native: _NativeStep | None = None
@@ -115,7 +114,7 @@ class FastEagleStep:
             if library is None and native:
                 raise RuntimeError(f"native Eagle step unavailable: {panel_kernel.unavailable_reason()}")
             if library is not None:
-                self._native = _NativeStep(c, library, weights, self.norms, self.fc_bias, self.eagle3)
+                self._native = _NativeStep(c, library, fc, self.fc_bias, layer, self.norms)
 
     @property
     def native(self) -> bool:
@@ -156,6 +155,7 @@ class FastEagleStep:
         if self.fc is None:  # EAGLE-3: q/k/v from the pair, the residual over the hidden input
             residual, qkv = features, self.qkv(pair)
         else:  # EAGLE-1: the pair fused to u first, the residual over u
+            assert self.fc_bias is not None
             residual = self.fc(pair) + self.fc_bias  # [1, T, H]
             qkv = self.qkv(residual)
         qkv = qkv.view(t, nh + 2 * nkv, d).transpose(0, 1)  # [nh + 2 nkv, T, d]
@@ -171,26 +171,26 @@ class FastEagleStep:
         x = residual + self.o(attn.transpose(1, 2).reshape(1, t, c.hidden_size))
         gate, up = self.gate_up(self._norm(x, "post_attention_norm")).chunk(2, dim=-1)
         x = x + self.down(F.silu(gate) * up)
-        return x if self.eagle3 else self._norm(x, "out_norm")  # EAGLE-3's norm belongs to its logits
+        return x if self.fc is None else self._norm(x, "out_norm")  # EAGLE-3's norm belongs to its logits
 
 
 class _NativeStep:
     """The head's weights in the C kernel's int8 panels, and the call of ``bs_eagle_step``."""
 
-    def __init__(self, config: EagleConfig | Eagle3Config, library: ctypes.CDLL, weights: list[torch.Tensor],
-                 norms: dict[str, torch.Tensor], fc_bias: torch.Tensor, eagle3: bool = False):
-        """weights: fc, qkv, o, gate_up, down (fp32, fused as the torch runner fuses them; EAGLE-3's
-        fc slot is its qkv again, unread by the kernel, packed once)."""
-        self._lib, self.config, self.eagle3 = library, config, eagle3
-        packed = {id(w): PanelInt8Linear(w, library) for w in weights}
-        self.linears = [packed[id(w)] for w in weights]
+    def __init__(self, config: EagleConfig | Eagle3Config, library: ctypes.CDLL, fc: torch.Tensor | None,
+                 fc_bias: torch.Tensor | None, layer: list[torch.Tensor], norms: dict[str, torch.Tensor]):
+        """fc (None: EAGLE-3), layer: qkv, o, gate_up, down (fp32, fused as the torch runner fuses them)."""
+        self._lib, self.config, self.eagle3 = library, config, fc is None
+        self.linears = [PanelInt8Linear(w, library) for w in ([] if fc is None else [fc]) + layer]
+        # the kernel's fc slot (and bias), unread for EAGLE-3, points at the qkv panels (and zeros)
+        slots = ([self.linears[0]] if self.eagle3 else []) + self.linears
+        self.fc_bias = (torch.zeros(config.hidden_size) if fc_bias is None else fc_bias).contiguous()
         self.norms = [norms[n].contiguous() for n in ("embed_norm", "feature_norm", "post_attention_norm", "out_norm")]
-        self.fc_bias = fc_bias.contiguous()
         # pointer tables (kept alive as attributes) and their addresses, fixed for the runner's life
         self._tables = ((ctypes.c_void_p * 4)(*[n.data_ptr() for n in self.norms]),
-                        (ctypes.c_void_p * 5)(*[lin.packed.data_ptr() for lin in self.linears]),
-                        (ctypes.c_int64 * 5)(*[lin.stride for lin in self.linears]),
-                        (ctypes.c_void_p * 5)(*[lin.scale.data_ptr() for lin in self.linears]))
+                        (ctypes.c_void_p * 5)(*[lin.packed.data_ptr() for lin in slots]),
+                        (ctypes.c_int64 * 5)(*[lin.stride for lin in slots]),
+                        (ctypes.c_void_p * 5)(*[lin.scale.data_ptr() for lin in slots]))
         self._addresses = tuple(ctypes.addressof(table) for table in self._tables)
 
     def step(self, embeddings: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -169,7 +169,7 @@ def greedy_with_features(model, prompts: list[list[int]], max_new_tokens: int, e
                 features[prompt].append(rows[row: row + 1])
             token = model.lm_head(out).argmax(-1)
             if ended:  # an answer that ended has its last feature now: its row leaves the batch
-                keep = torch.tensor([r for r in range(len(live)) if r not in set(ended)], dtype=torch.long)
+                keep = torch.tensor(sorted(set(range(len(live))) - set(ended)), dtype=torch.long)
                 if len(keep) == 0:
                     break
                 cache.batch_select_indices(keep)
