@@ -415,13 +415,10 @@ class TritonServer:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         _kill_group(proc.pid)
+        _wait_group_gone(proc.pid, timeout=5)  # a SIGKILLed stub is gone a moment after the signal
         if self._output is not None:
             self._output.thread.join(timeout=5)  # ends when every process holding its pipe is gone
-        for region in regions:  # left behind only when the server had to be killed
-            try:
-                os.unlink(Path("/dev/shm") / region)
-            except FileNotFoundError:
-                pass
+        remove_regions(regions)  # left behind only when the server had to be killed
         if self.repository is not None:
             shutil.rmtree(self.repository, ignore_errors=True)
             self.repository = None
@@ -484,6 +481,38 @@ def _stub_shm_regions(pgid: int) -> list[str]:
             if name and "/" not in name:
                 regions.append(name)
     return regions
+
+
+def remove_regions(regions) -> list[str]:
+    """Unlink the named /dev/shm regions; returns those that were still there."""
+    removed = []
+    for region in sorted(regions):
+        try:
+            os.unlink(Path("/dev/shm") / region)
+            removed.append(region)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie does not: it holds nothing, and
+    an orphan may never be reaped where PID 1 does not reap)."""
+    for proc_dir in Path("/proc").iterdir():
+        if proc_dir.name.isdigit():
+            try:
+                fields = (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+                return True
+    return False
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _kill_group(pgid: int) -> None:

@@ -391,6 +391,16 @@ class Supervisor:
             time.sleep(self.poll_s)
         return []
 
+    def _sweep(self, regions: set[str]) -> None:
+        """The stopped server's stub regions must be gone (its stop removed them); one still
+        there is removed now and reported (seen once in CI, cause unknown: the log says which)."""
+        from banditspec_client.serve import remove_regions
+
+        left = remove_regions(regions)
+        if left:
+            self.log(f"supervisor: removed {len(left)} /dev/shm region(s) of the stopped server found after the restart: "
+                     + ", ".join(left))
+
     def run(self, stop: threading.Event) -> int:
         """Supervise until ``stop`` is set (returns 0) or recovery is refused (non-zero).
         The server must have been started; it is stopped on return."""
@@ -416,6 +426,7 @@ class Supervisor:
                     self.log(f"supervisor: {len(self.restarts)} restarts within {self.window_s:.0f} s; giving up")
                     return EXIT_STUB_DIED
                 started = time.monotonic()
+                old_regions = set() if self.server.watch is None else set(self.server.watch.regions)
                 self.server.stop(timeout=self.grace_s)
                 try:
                     self.server.start()
@@ -424,6 +435,7 @@ class Supervisor:
                     self.log(f"supervisor: restart failed: {exc}")
                     return EXIT_STUB_DIED
                 self.log(f"supervisor: tritonserver restarted and ready in {time.monotonic() - started:.1f} s")
+                self._sweep(old_regions)
             return 0
         finally:
             self.server.stop()

@@ -201,7 +201,7 @@ def _kill_and_watch(served, model: str, sig: int = signal.SIGKILL):
         time.sleep(0.1)
 
 
-def _no_leftovers(old):
+def _no_leftovers(old, served=None):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         alive = [s.pid for s in old.values() if Path(f"/proc/{s.pid}").exists()]
@@ -209,7 +209,8 @@ def _no_leftovers(old):
         if not alive and not regions:
             return
         time.sleep(0.1)
-    assert (alive, regions) == ([], [])
+    log = served.log.read_text(errors="replace")[-3000:] if served is not None else ""
+    assert (alive, regions) == ([], []), f"serve's log ends:\n{log}"
 
 
 def _exact_after(served, reference):
@@ -234,7 +235,7 @@ def _in_flight_fail_then_the_server_restarts(served, reference, model, sig, down
         assert at - killed < IN_FLIGHT_BOUND_S, f"request {i} ended {at - killed:.1f} s after the kill"
         assert "Traceback" not in detail and ".py" not in detail, detail
     assert went_down < down_within_s, f"the broken server still answered ready {went_down:.1f} s after {model} died"
-    _no_leftovers(old)  # a stopped stub is killed with its server, its region removed
+    _no_leftovers(old, served)  # a stopped stub is killed with its server, its region removed
     _exact_after(served, reference)
     print(f"{model} ({signal.Signals(sig).name}): down after {went_down:.1f} s, ready after {recovered:.1f} s; in-flight: "
           + "; ".join(f"{at - killed:.1f} s {detail[:80]}" for _, at, detail in outcomes.values()))
@@ -252,7 +253,7 @@ def test_a_dead_eagle_stub_lets_requests_finish_exactly_then_the_server_restarts
         assert at <= killed + went_down + 0.5, "the server restarted before the in-flight requests finished"
     print(f"eagle: in-flight finished {max(at for _, at, _ in outcomes.values()) - killed:.1f} s after the kill; "
           f"down after {went_down:.1f} s (drained), ready after {recovered:.1f} s")
-    _no_leftovers(old)
+    _no_leftovers(old, served)
     _exact_after(served, reference)
 
 
@@ -269,7 +270,7 @@ def test_a_request_that_aborts_tritonserver_itself_is_survived(served, reference
         assert served.process.poll() is None and time.monotonic() - sent < RECOVERY_BOUND_S
         time.sleep(0.2)
     print(f"aborted tritonserver: ready again after {time.monotonic() - sent:.1f} s")
-    _no_leftovers(old)
+    _no_leftovers(old, served)
     _exact_after(served, reference)
 
 
@@ -437,6 +438,6 @@ def test_a_stopped_idle_eagle_stub_is_found_by_its_probe_then_the_server_restart
     # probed at most HANG_S after its last answer (the idle eagle is probed every HANG_S), answered
     # "not healthy" within ~1 s, nothing to drain, then the SIGTERM
     assert went_down < 3 * HANG_S, f"down {went_down:.1f} s after eagle stopped (probe every {HANG_S} s)"
-    _no_leftovers(old)
+    _no_leftovers(old, served)
     _exact_after(served, reference)
     print(f"eagle stopped (idle): down after {went_down:.1f} s, ready after {recovered:.1f} s")

@@ -28,8 +28,9 @@ class FakeProcess:
 class FakeWatch:
     known: dict = {}
 
-    def __init__(self, deaths):
+    def __init__(self, deaths, regions=()):
         self.deaths = list(deaths)  # one list of dead stubs per poll
+        self.regions = set(regions)
 
     def poll(self):
         return self.deaths.pop(0) if self.deaths else []
@@ -76,6 +77,24 @@ def test_a_required_stub_death_restarts_at_once(dead, monkeypatch):
     assert run(server, stop) == 0
     actions = [e for e in server.events if e in ("stop", "start", "ready")]
     assert actions == ["stop", "start", "ready", "stop"]  # restart, then the final stop on return
+
+
+def test_a_region_of_the_stopped_server_still_there_after_the_restart_is_removed_and_reported():
+    """The stopped server's stub regions must not outlive the restart, even one its stop missed."""
+    import uuid
+    from pathlib import Path
+
+    left = Path("/dev/shm") / f"banditspec_test_region_{uuid.uuid4().hex}"
+    left.write_bytes(b"x")
+    try:
+        stop = threading.Event()
+        server = FakeServer([[TARGET]], stop_event=stop)
+        server.watch.regions = {left.name, "banditspec_test_region_already_removed"}
+        assert run(server, stop) == 0
+        assert not left.exists()
+        assert any(left.name in line and "removed 1" in line for line in server.events), server.events
+    finally:
+        left.unlink(missing_ok=True)
 
 
 def test_an_eagle_death_drains_until_no_sequence_is_active(monkeypatch):
