@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
+from banditspec.errors import BanditSpecValidationError
 
 STEEP = [1.00, 1.54, 1.77, 1.79, 1.98, 2.10, 2.21, 2.26, 2.31]  # the fp32 engine before fast kernels
 FLAT = [1.00, 1.02, 1.04, 1.06, 1.08, 1.10, 1.12, 1.14, 1.16]  # GPU-like
@@ -46,6 +47,9 @@ EAGLE_COST = "0.06,0.05"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", default="code,code-edit,chat", help="comma-separated (mixed = all interleaved)")
     parser.add_argument("--prompts", type=int, default=60, help="prompts per workload")
+    parser.add_argument("--skip", type=int, default=0,
+                        help="leave out each workload's first SKIP prompts (a held-out set: tune on --prompts N, "
+                             "check on --skip N --prompts N)")
     parser.add_argument("--prompts-file", type=Path, default=None, help='JSONL of {"kind", "prompt"} (your traffic)')
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--max-draft-len", type=int, default=DEFAULT_MAX_DRAFT_LEN, help="L of the replayed policies")
@@ -60,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(every round)")
     parser.add_argument("--costs", default="steep,flat,measured,surface",
                         help="cost models: steep, flat, measured, surface (by k and context), or FILE.json")
+    parser.add_argument("--surface", type=Path, default=SURFACE_JSON,
+                        help="the verify-cost surface of the `surface` cost model (bench-engine --contexts ... --out; "
+                             "measure k up to L + 1 to replay a larger L)")
     parser.add_argument("--batch", type=int, default=8, help="sequences per forward while recording")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
@@ -81,7 +88,10 @@ def _prompts(args) -> list[tuple[str, str]]:
         return [(p.kind, p.text) for p in load_prompts_file(args.prompts_file)]
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     kinds = [w for w in names if w != "mixed"] or ["code", "code-edit", "chat"]
-    lists = [[(p.kind, p.text) for p in load_workload(kind, args.prompts)] for kind in kinds]
+    skip = getattr(args, "skip", 0)
+    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+        raise BanditSpecValidationError("skip", f"must be an integer >= 0, got {skip!r}")
+    lists = [[(p.kind, p.text) for p in load_workload(kind, skip + args.prompts)[skip:]] for kind in kinds]
     # interleaved, as a server would see mixed traffic (the statistics carry across prompts)
     return [item for group in zip(*lists) for item in group]
 
@@ -233,11 +243,11 @@ def _cost_model(ratios: list[float], max_tokens: int):
     return CostModel.fixed(full)
 
 
-def _surface_model(max_tokens: int):
+def _surface_model(max_tokens: int, path: Path = SURFACE_JSON):
     """The measured verify-cost surface (seconds by context and k) as a cost model."""
     from banditspec.bandits.cost_model import CostModel
 
-    data = json.loads(SURFACE_JSON.read_text())
+    data = json.loads(Path(path).read_text())
     table = {int(c): {int(k): ms / 1e3 for k, ms in row.items()} for c, row in data["verify_ms"].items()}
     return CostModel.from_table(table, max_tokens)
 
@@ -256,7 +266,7 @@ def parse_eagle_cost(text: str) -> tuple[float, float, float | None]:
 
 
 def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters: list[str],
-             costly_relative: dict[str, tuple[float, ...]] | None = None) -> dict:
+             costly_relative: dict[str, tuple[float, ...]] | None = None, surface: Path = SURFACE_JSON) -> dict:
     """``costly_relative``: costly drafter -> (per call, per drafted token[, per preview]) in
     units of a one-token verify of each cost model."""
     from tqdm import tqdm
@@ -268,7 +278,7 @@ def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters
     methods = ["vanilla", *fixed, *ADAPTIVE, K_ONLY]
     results: dict = {}
     for cost in costs:
-        platform = _surface_model(17) if cost == "surface" else _cost_model(_curve(cost), 17)
+        platform = _surface_model(17, surface) if cost == "surface" else _cost_model(_curve(cost), 17)
         curve = platform.curve()
         costly = {d: (c[0] * float(curve[1]), c[1] * float(curve[1])) for d, c in (costly_relative or {}).items()
                   if d in drafters}
@@ -371,13 +381,14 @@ def run(args) -> int:
     traces, tokenizer = record(args, prompts)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     costs = [c.strip() for c in args.costs.split(",") if c.strip()]
-    for name, path in (("measured", ENGINE_JSON), ("surface", SURFACE_JSON)):
+    for name, path in (("measured", ENGINE_JSON), ("surface", getattr(args, "surface", SURFACE_JSON))):
         if name in costs and not path.exists():
             print(f"no {path} (run banditspec bench-engine): skipping the {name} cost model")
             costs.remove(name)
     call, token, preview = parse_eagle_cost(args.eagle_cost)
     results = evaluate(traces, int(tokenizer.eos_token_id), costs, args.max_draft_len, drafters,
-                       {d: (call, token, preview) for d in drafters if d in COSTLY})
+                       {d: (call, token, preview) for d in drafters if d in COSTLY},
+                       surface=getattr(args, "surface", SURFACE_JSON))
     kinds = sorted({t.kind for t in traces})
     summary = summarise(results, traces, kinds + (["mixed"] if len(kinds) > 1 else []))
     args.out.mkdir(parents=True, exist_ok=True)

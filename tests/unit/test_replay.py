@@ -220,3 +220,24 @@ def test_replayed_drafters_are_asked_as_serving_asks_them():
     clock = replay.VirtualClock()
     lazy = {name: replay.ReplayDrafter(name, [], clock).proposes_lazily for name in ("pld", "suffix", "rest", "x")}
     assert lazy == {"pld": False, "suffix": False, "rest": True, "x": False}
+
+
+def test_the_replay_cli_skips_each_workloads_first_prompts_for_a_held_out_set():
+    """--skip N --prompts M: prompts N .. N + M - 1 of each workload, interleaved; none of
+    the first N (what --prompts N tuned on)."""
+    import argparse
+
+    from banditspec.errors import BanditSpecValidationError
+    from banditspec_client.replay import _prompts
+
+    def args(**kw):
+        return argparse.Namespace(prompts_file=None, workloads="code,chat", **kw)
+
+    tuned = _prompts(args(prompts=3, skip=0))
+    held = _prompts(args(prompts=2, skip=3))
+    both = _prompts(args(prompts=5, skip=0))
+    assert [k for k, _ in held] == ["code", "chat", "code", "chat"]
+    assert not {t for _, t in held} & {t for _, t in tuned}
+    assert [t for _, t in held] == [t for _, t in both[6:]]
+    with pytest.raises(BanditSpecValidationError, match="skip"):
+        _prompts(args(prompts=2, skip=-1))

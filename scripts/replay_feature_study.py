@@ -1,0 +1,191 @@
+"""How much could a richer context improve costaware's choices? An offline study on replay traces.
+
+costaware predicts each cheap drafter's accepted length from counts per context (match length
+level, agreement on the first token, whether the drafter's previous first token was right).
+This study replaces the online counts with tables fitted offline on half of the traces
+(2-fold cross-fitting: fitted on one half, scored on the other) and lets a myopic policy choose
+(plain, or drafter and gamma maximising expected tokens per second of verify, as costaware
+does) with the contexts below; it also reports the myopic oracle, which knows every drafter's
+accepted length in advance. If a context helps here, with perfectly fitted tables, it may help
+costaware; if not, costaware's choices are limited by what the drafters' proposals reveal.
+
+Contexts (each adds to ``base``, costaware's own context; all causal: only tokens the target
+has produced before the round):
+  deep    match length levels 0, 1, 2, 3-5, >= 6 instead of 0, 1, 2, >= 3
+  agree2  another drafter's proposal agrees on the first two tokens
+  nl      the last generated token ends a line or a sentence
+  prevm   what the drafter's proposal at the previous round got right so far (0-3 tokens, and
+          whether all the tokens since)
+
+    .venv/bin/python scripts/replay_feature_study.py --prompts 40 [--skip 40] [--surface FILE]
+
+Cheap drafters only (pld, suffix, rest); decode cost from the verify-cost surface.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from pathlib import Path
+
+import numpy as np
+
+from banditspec_client import replay as R
+
+CHEAP = ("pld", "suffix", "rest")
+MODES = ("base", "deep", "agree2", "nl", "prevm", "deep+agree2+nl+prevm")
+LINE_ENDS = frozenset({198, 28, 30, 271})  # SmolLM2: "\n", ",", ".", "\n\n"
+A0, B0 = 0.5, 1.5  # costaware's prior
+
+
+def accepted(proposal: list[int], target: list[int], start: int, max_len: int) -> int:
+    a = 0
+    for offset, token in enumerate(proposal[:max_len]):
+        if start + offset < len(target) and token == target[start + offset]:
+            a += 1
+        else:
+            break
+    return a
+
+
+def context(trace, drafter: str, i: int, previous: int | None, mode: str) -> tuple:
+    proposal = trace.proposals[drafter][i]
+    match = trace.match_len[drafter][i]
+    edges = (1, 2, 3, 6) if "deep" in mode else (1, 2, 3)
+    others = [trace.proposals[o][i] for o in CHEAP if o != drafter and trace.proposals[o][i]]
+    last = trace.proposals[drafter][i - 1] if i > 0 else None
+    out: list = [sum(match >= e for e in edges), any(o[0] == proposal[0] for o in others),
+                 None if not last else last[0] == trace.target[i - 1]]
+    if "agree2" in mode:
+        out.append(any(o[:2] == proposal[:2] and len(proposal) >= 2 for o in others))
+    if "nl" in mode:
+        out.append(i > 0 and trace.target[i - 1] in LINE_ENDS)
+    if "prevm" in mode:
+        earlier = trace.proposals[drafter][previous] if previous is not None else None
+        if not earlier:
+            out.append(None)
+        else:
+            known = min(len(earlier), i - previous)
+            m = accepted(earlier, trace.target, previous, known)
+            out.append((min(m, 3), m == known))
+    return tuple(out)
+
+
+def run_policy(traces, tables, mode: str, surface, max_len: int, fit: dict | None = None) -> tuple[float, float]:
+    """(plain seconds, policy seconds); with ``fit``, also count
+    every cheap proposal's outcome at the round starts into it (offered, accepted per position)."""
+    plain = spent = 0.0
+    for trace in traces:
+        n, base = len(trace.target), len(trace.prompt_ids)
+        for i in range(n - 1):
+            plain += float(surface.curve(base + i)[1])
+        i, previous = 0, None
+        while i < n - 1:
+            curve = surface.curve(base + i)
+            best = (1.0 / curve[1], None, 0)
+            for d in CHEAP:
+                proposal = trace.proposals[d][i]
+                top = min(len(proposal), max_len, n - 1 - i)
+                if top <= 0:
+                    continue
+                key = (d, context(trace, d, i, previous, mode))
+                if fit is not None:
+                    a = accepted(proposal, trace.target, i, top)
+                    last = min(top, a + 1)
+                    fit["offered"][key][:last] += 1
+                    fit["accepted"][key][: min(a, last)] += 1
+                offered, acc = tables["offered"].get(key), tables["accepted"].get(key)
+                hazard = (np.full(max_len, A0 / (A0 + B0)) if offered is None else (acc + A0) / (offered + A0 + B0))
+                expected = 1 + np.cumsum(np.cumprod(hazard[:top]))
+                utility = expected / curve[2 : top + 2]
+                g = int(np.argmax(utility))
+                if utility[g] > best[0] * (1 + 1e-9):
+                    best = (float(utility[g]), d, g + 1)
+            _, d, gamma = best
+            previous = i
+            if d is None:
+                spent += float(curve[1])
+                i += 1
+            else:
+                spent += float(curve[gamma + 1])
+                i += min(accepted(trace.proposals[d][i], trace.target, i, gamma), gamma) + 1
+    return plain, spent
+
+
+def myopic_oracle(traces, surface, max_len: int) -> tuple[float, float]:
+    plain = spent = 0.0
+    for trace in traces:
+        n, base = len(trace.target), len(trace.prompt_ids)
+        for i in range(n - 1):
+            plain += float(surface.curve(base + i)[1])
+        i = 0
+        while i < n - 1:
+            curve = surface.curve(base + i)
+            best = (1.0 / curve[1], 0)
+            for d in CHEAP:
+                a = min(accepted(trace.proposals[d][i], trace.target, i, max_len), n - 1 - i)
+                if a > 0 and (a + 1) / curve[a + 1] > best[0]:
+                    best = ((a + 1) / curve[a + 1], a)
+            spent += float(curve[best[1] + 1])
+            i += best[1] + 1
+    return plain, spent
+
+
+def fitted(traces, mode: str, surface, max_len: int) -> dict:
+    """Tables counted at the round starts of the policy itself, two passes (the first with no
+    tables, i.e. costaware's prior, the second with the first pass's tables)."""
+    tables: dict = {"offered": {}, "accepted": {}}
+    for _ in range(2):
+        fit: dict = {"offered": collections.defaultdict(lambda: np.zeros(max_len)),
+                     "accepted": collections.defaultdict(lambda: np.zeros(max_len))}
+        run_policy(traces, tables, mode, surface, max_len, fit)
+        tables = {"offered": dict(fit["offered"]), "accepted": dict(fit["accepted"])}
+    return tables
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=40)
+    parser.add_argument("--skip", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-draft-len", type=int, default=8)
+    parser.add_argument("--surface", type=Path, default=R.SURFACE_JSON)
+    parser.add_argument("--out", type=Path, default=None, help="write the table here (markdown)")
+    args = parser.parse_args()
+    ns = argparse.Namespace(prompts_file=None, workloads="code,code-edit,chat", prompts=args.prompts, skip=args.skip,
+                            model="smollm2", max_tokens=args.max_tokens, record_len=args.max_draft_len,
+                            drafters=",".join(CHEAP), threads=2, batch=8)
+    traces, _ = R.record(ns, R._prompts(ns))
+    surface = R._surface_model(args.max_draft_len + 1, args.surface)
+    workloads = ("code", "code-edit", "chat", "mixed")
+    halves = [traces[0::2], traces[1::2]]
+    rows = []
+    for mode in MODES:
+        tables = [fitted(halves[1 - k], mode, surface, args.max_draft_len) for k in range(2)]
+        speeds = []
+        for w in workloads:
+            plain = spent = 0.0
+            for k in range(2):
+                test = [t for t in halves[k] if w == "mixed" or t.kind == w]
+                p, s = run_policy(test, tables[k], mode, surface, args.max_draft_len)
+                plain, spent = plain + p, spent + s
+            speeds.append(plain / spent)
+        rows.append((mode, speeds))
+    oracle = []
+    for w in workloads:
+        p, s = myopic_oracle([t for t in traces if w == "mixed" or t.kind == w], surface, args.max_draft_len)
+        oracle.append(p / s)
+    rows.append(("myopic oracle", oracle))
+    lines = [f"{len(traces)} traces (--prompts {args.prompts} --skip {args.skip}), {args.max_tokens} tokens, "
+             f"L = {args.max_draft_len}, surface {args.surface}; speed-up over plain decoding (decode only)", "",
+             "| context | " + " | ".join(workloads) + " |", "|---|" + "---:|" * len(workloads)]
+    lines += [f"| {name} | " + " | ".join(f"{v:.3f}x" for v in speeds) + " |" for name, speeds in rows]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
