@@ -418,6 +418,8 @@ class TritonServer:
         _wait_group_gone(proc.pid, timeout=5)  # a SIGKILLed stub is gone a moment after the signal
         if self._output is not None:
             self._output.thread.join(timeout=5)  # ends when every process holding its pipe is gone
+        from banditspec_client.supervisor import remove_regions
+
         remove_regions(regions)  # left behind only when the server had to be killed
         if self.repository is not None:
             shutil.rmtree(self.repository, ignore_errors=True)
@@ -481,18 +483,6 @@ def _stub_shm_regions(pgid: int) -> list[str]:
             if name and "/" not in name:
                 regions.append(name)
     return regions
-
-
-def remove_regions(regions) -> list[str]:
-    """Unlink the named /dev/shm regions; returns those that were still there."""
-    removed = []
-    for region in sorted(regions):
-        try:
-            os.unlink(Path("/dev/shm") / region)
-            removed.append(region)
-        except FileNotFoundError:
-            pass
-    return removed
 
 
 def _group_alive(pgid: int) -> bool:

@@ -94,6 +94,18 @@ def list_stubs(server_pid: int) -> list[Stub]:
     return out
 
 
+def remove_regions(regions) -> list[str]:
+    """Unlink the named /dev/shm regions; returns those that were still there."""
+    removed = []
+    for region in sorted(regions):
+        try:
+            os.unlink(Path("/dev/shm") / region)
+            removed.append(region)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 class StubWatch:
     """Remembers every stub of one server (pid, model, /dev/shm region) while it lives, so
     that a dead stub is noticed and its region can still be removed after the server stops."""
@@ -394,8 +406,6 @@ class Supervisor:
     def _sweep(self, regions: set[str]) -> None:
         """The stopped server's stub regions must be gone (its stop removed them); one still
         there is removed now and reported (seen once in CI, cause unknown: the log says which)."""
-        from banditspec_client.serve import remove_regions
-
         left = remove_regions(regions)
         if left:
             self.log(f"supervisor: removed {len(left)} /dev/shm region(s) of the stopped server found after the restart: "
