@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from banditspec.engine.sampling import count_greedy_accepted
 from banditspec_client import replay as R
 
 CHEAP = ("pld", "suffix", "rest")
@@ -39,13 +40,14 @@ A0, B0 = 0.5, 1.5  # costaware's prior
 
 
 def accepted(proposal: list[int], target: list[int], start: int, max_len: int) -> int:
-    a = 0
-    for offset, token in enumerate(proposal[:max_len]):
-        if start + offset < len(target) and token == target[start + offset]:
-            a += 1
-        else:
-            break
-    return a
+    """How many of the proposal's first ``max_len`` tokens the target accepts at ``start``."""
+    draft = proposal[: min(max_len, len(target) - start)]
+    return count_greedy_accepted(np.asarray(target[start : start + len(draft)]), np.asarray(draft))
+
+
+def plain_seconds(traces, surface) -> float:
+    """Plain decoding's decode time over the traces (one one-token verify a position)."""
+    return sum(float(surface.curve(len(t.prompt_ids) + i)[1]) for t in traces for i in range(len(t.target) - 1))
 
 
 def context(trace, drafter: str, i: int, previous: int | None, mode: str) -> tuple:
@@ -71,14 +73,12 @@ def context(trace, drafter: str, i: int, previous: int | None, mode: str) -> tup
     return tuple(out)
 
 
-def run_policy(traces, tables, mode: str, surface, max_len: int, fit: dict | None = None) -> tuple[float, float]:
-    """(plain seconds, policy seconds); with ``fit``, also count
-    every cheap proposal's outcome at the round starts into it (offered, accepted per position)."""
-    plain = spent = 0.0
+def run_policy(traces, tables, mode: str, surface, max_len: int, fit: dict | None = None) -> float:
+    """The policy's decode seconds; with ``fit``, also count every cheap proposal's outcome at
+    the round starts into it (offered, accepted per position)."""
+    spent = 0.0
     for trace in traces:
         n, base = len(trace.target), len(trace.prompt_ids)
-        for i in range(n - 1):
-            plain += float(surface.curve(base + i)[1])
         i, previous = 0, None
         while i < n - 1:
             curve = surface.curve(base + i)
@@ -108,16 +108,15 @@ def run_policy(traces, tables, mode: str, surface, max_len: int, fit: dict | Non
                 i += 1
             else:
                 spent += float(curve[gamma + 1])
-                i += min(accepted(trace.proposals[d][i], trace.target, i, gamma), gamma) + 1
-    return plain, spent
+                i += accepted(trace.proposals[d][i], trace.target, i, gamma) + 1
+    return spent
 
 
-def myopic_oracle(traces, surface, max_len: int) -> tuple[float, float]:
-    plain = spent = 0.0
+def myopic_oracle(traces, surface, max_len: int) -> float:
+    """Decode seconds when every round knows each drafter's accepted length in advance."""
+    spent = 0.0
     for trace in traces:
         n, base = len(trace.target), len(trace.prompt_ids)
-        for i in range(n - 1):
-            plain += float(surface.curve(base + i)[1])
         i = 0
         while i < n - 1:
             curve = surface.curve(base + i)
@@ -128,7 +127,7 @@ def myopic_oracle(traces, surface, max_len: int) -> tuple[float, float]:
                     best = ((a + 1) / curve[a + 1], a)
             spent += float(curve[best[1] + 1])
             i += best[1] + 1
-    return plain, spent
+    return spent
 
 
 def fitted(traces, mode: str, surface, max_len: int) -> dict:
@@ -159,23 +158,18 @@ def main() -> None:
     surface = R._surface_model(args.max_draft_len + 1, args.surface)
     workloads = ("code", "code-edit", "chat", "mixed")
     halves = [traces[0::2], traces[1::2]]
+    plain = {w: plain_seconds([t for t in traces if w == "mixed" or t.kind == w], surface) for w in workloads}
     rows = []
     for mode in MODES:
         tables = [fitted(halves[1 - k], mode, surface, args.max_draft_len) for k in range(2)]
         speeds = []
         for w in workloads:
-            plain = spent = 0.0
-            for k in range(2):
-                test = [t for t in halves[k] if w == "mixed" or t.kind == w]
-                p, s = run_policy(test, tables[k], mode, surface, args.max_draft_len)
-                plain, spent = plain + p, spent + s
-            speeds.append(plain / spent)
+            tests = [[t for t in half if w == "mixed" or t.kind == w] for half in halves]
+            spent = sum(run_policy(test, table, mode, surface, args.max_draft_len) for test, table in zip(tests, tables))
+            speeds.append(plain[w] / spent)
         rows.append((mode, speeds))
-    oracle = []
-    for w in workloads:
-        p, s = myopic_oracle([t for t in traces if w == "mixed" or t.kind == w], surface, args.max_draft_len)
-        oracle.append(p / s)
-    rows.append(("myopic oracle", oracle))
+    rows.append(("myopic oracle", [plain[w] / myopic_oracle([t for t in traces if w == "mixed" or t.kind == w], surface,
+                                                            args.max_draft_len) for w in workloads]))
     lines = [f"{len(traces)} traces (--prompts {args.prompts} --skip {args.skip}), {args.max_tokens} tokens, "
              f"L = {args.max_draft_len}, surface {args.surface}; speed-up over plain decoding (decode only)", "",
              "| context | " + " | ".join(workloads) + " |", "|---|" + "---:|" * len(workloads)]

@@ -381,14 +381,15 @@ def run(args) -> int:
     traces, tokenizer = record(args, prompts)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     costs = [c.strip() for c in args.costs.split(",") if c.strip()]
-    for name, path in (("measured", ENGINE_JSON), ("surface", getattr(args, "surface", SURFACE_JSON))):
+    surface = getattr(args, "surface", SURFACE_JSON)
+    for name, path in (("measured", ENGINE_JSON), ("surface", surface)):
         if name in costs and not path.exists():
             print(f"no {path} (run banditspec bench-engine): skipping the {name} cost model")
             costs.remove(name)
     call, token, preview = parse_eagle_cost(args.eagle_cost)
     results = evaluate(traces, int(tokenizer.eos_token_id), costs, args.max_draft_len, drafters,
                        {d: (call, token, preview) for d in drafters if d in COSTLY},
-                       surface=getattr(args, "surface", SURFACE_JSON))
+                       surface=surface)
     kinds = sorted({t.kind for t in traces})
     summary = summarise(results, traces, kinds + (["mixed"] if len(kinds) > 1 else []))
     args.out.mkdir(parents=True, exist_ok=True)

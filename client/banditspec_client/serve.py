@@ -414,12 +414,12 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        from banditspec_client.supervisor import remove_regions, wait_group_gone
+
         _kill_group(proc.pid)
-        _wait_group_gone(proc.pid, timeout=5)  # a SIGKILLed stub is gone a moment after the signal
+        wait_group_gone(proc.pid, timeout=5)  # a SIGKILLed stub is gone a moment after the signal
         if self._output is not None:
             self._output.thread.join(timeout=5)  # ends when every process holding its pipe is gone
-        from banditspec_client.supervisor import remove_regions
-
         remove_regions(regions)  # left behind only when the server had to be killed
         if self.repository is not None:
             shutil.rmtree(self.repository, ignore_errors=True)
@@ -483,26 +483,6 @@ def _stub_shm_regions(pgid: int) -> list[str]:
             if name and "/" not in name:
                 regions.append(name)
     return regions
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (a zombie does not: it holds nothing, and
-    an orphan may never be reaped where PID 1 does not reap)."""
-    for proc_dir in Path("/proc").iterdir():
-        if proc_dir.name.isdigit():
-            try:
-                fields = (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
-                return True
-    return False
-
-
-def _wait_group_gone(pgid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def _kill_group(pgid: int) -> None:

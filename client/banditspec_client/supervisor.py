@@ -61,14 +61,13 @@ class Stub:
     region: str  # its /dev/shm region name
 
 
-def _stat_fields(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a process, None when it is gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name: state, ppid, pgrp, ... (proc(5) from its third
+    field on); None when the process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[1])
 
 
 def list_stubs(server_pid: int) -> list[Stub]:
@@ -80,7 +79,7 @@ def list_stubs(server_pid: int) -> list[Stub]:
             continue
         pid = int(entry.name)
         fields = _stat_fields(pid)
-        if fields is None or fields[1] != server_pid or fields[0] == "Z":
+        if fields is None or int(fields[1]) != server_pid or fields[0] == "Z":
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
@@ -104,6 +103,22 @@ def remove_regions(regions) -> list[str]:
         except FileNotFoundError:
             pass
     return removed
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie does not: it holds nothing, and
+    an orphan may never be reaped where PID 1 does not reap)."""
+    for entry in Path("/proc").iterdir():
+        fields = _stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def wait_group_gone(pgid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class StubWatch:
@@ -251,11 +266,8 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of a process, None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def model_counters(metrics_port: int, models) -> dict[str, tuple[float | None, float | None]] | None:
