@@ -271,6 +271,25 @@ def test_batched_verify_equals_solo_runs(varied_model):
     assert batched.padded_positions > 0
 
 
+def test_a_long_prefill_in_a_batch_gets_its_own_passes(varied_model):
+    """On the panel kernels a prefill of more than 2 x prefill_chunk new tokens leaves the
+    padded batch (its own pass, in passes); every result is bitwise the one-batch result."""
+    rng = np.random.default_rng(9)
+    prompts = [random_prompt(rng, n) for n in (100, 12, 70, 20)]
+    requests = [VerifyRequest(ids(p), ids([3, 4]), hidden_from=0) for p in prompts]
+    results = {}
+    for chunk in (1000, 16):
+        engine = ReferenceEngine(varied_model, max_context=512)
+        assert engine._fast is not None
+        engine._fast.prefill_chunk = chunk
+        passes = engine.forward_passes
+        results[chunk] = engine.verify(requests)
+        assert engine.forward_passes - passes == (1 if chunk == 1000 else 3)  # 102 and 72 alone, 14 + 22 together
+    for together, apart in zip(results[1000], results[16]):
+        assert together.output_ids.tolist() == apart.output_ids.tolist()
+        assert np.array_equal(together.hidden_states, apart.hidden_states)
+
+
 def test_concurrent_threads_get_their_solo_results(varied_model):
     engine = ReferenceEngine(varied_model, max_context=512)
     rng = np.random.default_rng(9)
@@ -363,6 +382,42 @@ def test_states_of_another_kind_cap_reuse_until_computed_from_zero(varied_model)
     engine.clear()
     cold = step(engine, third, hidden_from=0, hidden_layers=(0,))
     np.testing.assert_array_equal(warm.hidden_states, cold.hidden_states)
+
+
+@pytest.mark.parametrize("kind", [(), (0,)], ids=["post-norm", "layer-0"])
+def test_a_long_prefill_in_passes_is_bitwise_one_pass(varied_model, kind):
+    """The panel kernels feed a prefill of more than 2 x ``prefill_chunk`` tokens in passes
+    (FastLlama._chunked); outputs, states and the KV later steps read are bitwise those of
+    one pass, from position 0 and after a cached prefix."""
+    rng = np.random.default_rng(31)
+    prompt = random_prompt(rng, 100)
+    longer = prompt + random_prompt(rng, 50)
+    runs = {}
+    for chunk in (1000, 16):
+        engine = ReferenceEngine(varied_model, max_context=512)
+        assert engine.kernel_impl == "panel", panel_kernel.unavailable_reason()
+        assert engine._fast is not None
+        engine._fast.prefill_chunk = chunk
+        passes = []
+        inner = engine._fast.forward_capture
+
+        def counted(input_ids, *args, inner=inner, passes=passes, **kwargs):
+            passes.append(input_ids.shape[1])
+            return inner(input_ids, *args, **kwargs)
+
+        engine._fast.forward_capture = counted  # type: ignore[method-assign]
+        first = step(engine, prompt, [5, 6, 7], hidden_from=0, hidden_layers=kind)
+        decoded = vanilla_greedy(engine, prompt, 6)
+        second = step(engine, longer, [9], hidden_from=0, hidden_layers=kind)  # 100 cached, 50 new
+        runs[chunk] = (first, decoded, second, passes)
+    (one_first, one_decoded, one_second, one_passes), (first, decoded, second, passes) = runs[1000], runs[16]
+    # a call, then its passes: more than 2 x 16 new tokens go in equal passes of <= 16
+    assert one_passes[0] == 103 and passes[:8] == [103, 15, 15, 15, 15, 15, 15, 13]
+    assert passes[-5:] == [51, 13, 13, 13, 12]  # the longer prompt: its 51 uncached tokens
+    assert decoded == one_decoded
+    for got, want in ((first, one_first), (second, one_second)):
+        assert got.output_ids.tolist() == want.output_ids.tolist() and got.num_accepted == want.num_accepted
+        assert np.array_equal(got.hidden_states, want.hidden_states)
 
 
 def test_a_rejected_drafts_states_are_not_kept(varied_model):

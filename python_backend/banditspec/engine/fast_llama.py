@@ -33,6 +33,13 @@ from banditspec.engine.kv_buffer import KVBuffer
 from banditspec.engine.panel_kernel import attention
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
+# A prefill of more than 2 x PREFILL_CHUNK new tokens on the panel kernels runs in passes of
+# equal size, at most PREFILL_CHUNK each (FastLlama._chunked). Measured on this 2-core VM
+# (SmolLM2-135M, one pass against passes of <= 128 / <= 192): one thread 1.3-2.1x faster for
+# 450-1500 tokens (1500: 19.9 s -> 9.6-10.3 s), but 0.85-0.96x at 300 tokens; two threads
+# 1.0-1.5x for 400-1500. A single pass slows down sharply somewhere between 300 and 450
+# rows (its [T, intermediate] activations outgrow the caches), hence the threshold.
+PREFILL_CHUNK = 192
 Linear = Callable[[torch.Tensor], torch.Tensor]  # x [..., in] -> y [..., out]
 
 
@@ -199,6 +206,8 @@ class FastLlama:
                     fused.down.tie([mlp.down_proj])
                 self.layers.append(fused)
         self.num_layers = len(self.layers)
+        # rows per pass of a long prefill on the panel kernels (see _chunked)
+        self.prefill_chunk = PREFILL_CHUNK
 
     @staticmethod
     def _key_range(batch: int, fresh: int, cached: int, key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,8 +261,14 @@ class FastLlama:
         before the final norm; float32 [B, T, H] each, in the order asked): EAGLE-3's features.
 
         kv_out (batch 1): a buffer already holding ``past`` at positions 0 .. C - 1; the new
-        positions are written into it (no concatenation) and the returned KV are its views."""
+        positions are written into it (no concatenation) and the returned KV are its views.
+
+        A long run of new tokens (a prefill of more than 2 x :attr:`prefill_chunk`) on the
+        panel kernels is fed in passes (:meth:`_chunked`): bitwise the same result, faster."""
         batch, fresh = input_ids.shape
+        if (self._kernels is not None and kv_out is not None and batch == 1 and key_mask is None
+                and fresh > 2 * self.prefill_chunk):
+            return self._chunked(input_ids, position_ids, past, capture, kv_out)
         captured: dict[int, torch.Tensor] = {}
         cached = past[0][0].shape[2] if past else 0
         heads, kv_heads, hd = self.num_heads, self.kv_heads, self.head_dim
@@ -299,3 +314,31 @@ class FastLlama:
             if index in capture:
                 captured[index] = x
         return self._norm(x, self.final_norm), new_layers, [captured[i] for i in capture]
+
+    def _chunked(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: list[LayerKV] | None,
+        capture: tuple[int, ...],
+        kv_out: KVBuffer,
+    ) -> tuple[torch.Tensor, list[LayerKV], list[torch.Tensor]]:
+        """:meth:`forward_capture` of batch 1 in passes of :attr:`prefill_chunk` new tokens,
+        each pass attending to the KV the earlier ones wrote into ``kv_out``. Every op of a
+        row on the panel kernels is independent of the rows beside it, so the hidden
+        states, captured layers and KV are bitwise those of one pass; what changes is speed
+        (see :data:`PREFILL_CHUNK`)."""
+        fresh = input_ids.shape[1]
+        passes = -(-fresh // self.prefill_chunk)
+        size = -(-fresh // passes)  # passes of equal size (no short last pass)
+        hidden: list[torch.Tensor] = []
+        captured: list[list[torch.Tensor]] = []
+        layers = past
+        for start in range(0, fresh, size):
+            end = min(start + size, fresh)
+            h, layers, c = self.forward_capture(input_ids[:, start:end], position_ids[:, start:end], layers,
+                                                None, capture, kv_out)
+            hidden.append(h)
+            captured.append(c)
+        assert layers is not None
+        return torch.cat(hidden, dim=1), layers, [torch.cat(parts, dim=1) for parts in zip(*captured)]

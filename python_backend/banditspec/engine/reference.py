@@ -317,6 +317,13 @@ class ReferenceEngine:
     def verify(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]:
         """Verify a batch in one forward pass; results in request order.
 
+        On the panel kernels a request with a long run of new tokens (a prefill of more
+        than 2 x ``prefill_chunk``, see :meth:`FastLlama._chunked`) gets a pass of its own,
+        in passes of its own: in a padded batch it would be one pass over every row of
+        every sequence (four 1536-token prompts, one thread: 77 s in one batch, 49 s
+        apart). Rows are independent of the call on these kernels, so the results are
+        bitwise those of one batch.
+
         Every request is validated before anything runs; a bad one raises
         :class:`BanditSpecValidationError` naming the field.
         """
@@ -326,8 +333,19 @@ class ReferenceEngine:
             return []
         with self._lock, torch.inference_mode():
             jobs = [self._plan(request) for request in checked]
-            rows = self._forward(jobs)
-            return [self._decide(job, row) for job, row in zip(jobs, rows)]
+            rows: dict[int, _RowOutput] = {}
+            for group in self._passes(jobs):
+                rows.update(zip(group, self._forward([jobs[i] for i in group])))
+            return [self._decide(job, rows[i]) for i, job in enumerate(jobs)]
+
+    def _passes(self, jobs: list[_Job]) -> list[list[int]]:
+        """Indices of ``jobs`` per forward pass: each long prefill alone (panel kernels), the rest together."""
+        if len(jobs) == 1 or self._fast is None or self.kernel_impl != "panel":
+            return [list(range(len(jobs)))]
+        limit = 2 * self._fast.prefill_chunk
+        alone = [[i] for i, job in enumerate(jobs) if len(job.new_tokens) > limit]
+        together = [i for i, job in enumerate(jobs) if len(job.new_tokens) <= limit]
+        return alone + ([together] if together else [])
 
     def _plan(self, request: CheckedRequest) -> _Job:
         # The last input token is always fed (its logits are needed). Positions from
