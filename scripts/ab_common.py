@@ -27,6 +27,8 @@ def report(rows: list, first: str, second: str, out: str) -> None:
         json.dump({"columns": COLUMNS, "rows": rows}, f)
     for w in (*WORKLOADS, "all"):
         agg = {}
+        if not any(w == "all" or r[0] == w for r in rows):
+            continue  # a workload the script did not run
         for m in (first, second):
             rs = [r for r in rows if (w == "all" or r[0] == w) and r[2] == m]
             agg[m] = (sum(r[3] for r in rs) / sum(r[4] for r in rs), sum(r[6] for r in rs) / sum(r[7] for r in rs),

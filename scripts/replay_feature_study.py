@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from banditspec.engine.sampling import count_greedy_accepted
 from banditspec_client import replay as R
 
 CHEAP = ("pld", "suffix", "rest")
+WORKLOADS = ("code", "code-edit", "chat", "mixed")
 MODES = ("base", "deep", "agree2", "nl", "prevm", "deep+agree2+nl+prevm")
 LINE_ENDS = frozenset({198, 28, 30, 271})  # SmolLM2: "\n", ",", ".", "\n\n"
 A0, B0 = 0.5, 1.5  # costaware's prior
@@ -73,77 +75,104 @@ def context(trace, drafter: str, i: int, previous: int | None, mode: str) -> tup
     return tuple(out)
 
 
+def offers(trace, i: int, previous: int | None, mode: str, tables: dict, max_len: int, fit: dict | None):
+    """Each cheap drafter's proposal at round start ``i``: (drafter, proposal, usable length,
+    per-position acceptance hazards from ``tables``); with ``fit``, its outcome is counted
+    into it (offered, accepted per position)."""
+    n = len(trace.target)
+    for d in CHEAP:
+        proposal = trace.proposals[d][i]
+        top = min(len(proposal), max_len, n - 1 - i)
+        if top <= 0:
+            continue
+        key = (d, context(trace, d, i, previous, mode))
+        if fit is not None:
+            a = accepted(proposal, trace.target, i, top)
+            last = min(top, a + 1)
+            fit["offered"][key][:last] += 1
+            fit["accepted"][key][: min(a, last)] += 1
+        offered, acc = tables["offered"].get(key), tables["accepted"].get(key)
+        hazard = (np.full(max_len, A0 / (A0 + B0)) if offered is None else (acc + A0) / (offered + A0 + B0))
+        yield d, proposal, top, hazard
+
+
+def replay_rounds(traces, surface, round_of) -> float:
+    """Decode seconds of a policy over the traces: at each round start ``i`` (the previous
+    one ``previous``), ``round_of(trace, i, previous, curve)`` -> (tokens fed to the verify,
+    tokens the round gains); the round costs ``curve[tokens fed]``."""
+    spent = 0.0
+    for trace in traces:
+        i, previous = 0, None
+        while i < len(trace.target) - 1:
+            curve = surface.curve(len(trace.prompt_ids) + i)
+            fed, gained = round_of(trace, i, previous, curve)
+            spent += float(curve[fed])
+            previous, i = i, i + gained
+    return spent
+
+
 def run_policy(traces, tables, mode: str, surface, max_len: int, fit: dict | None = None) -> float:
     """The policy's decode seconds; with ``fit``, also count every cheap proposal's outcome at
     the round starts into it (offered, accepted per position)."""
-    spent = 0.0
-    for trace in traces:
-        n, base = len(trace.target), len(trace.prompt_ids)
-        i, previous = 0, None
-        while i < n - 1:
-            curve = surface.curve(base + i)
-            best = (1.0 / curve[1], None, 0)
-            for d in CHEAP:
-                proposal = trace.proposals[d][i]
-                top = min(len(proposal), max_len, n - 1 - i)
-                if top <= 0:
-                    continue
-                key = (d, context(trace, d, i, previous, mode))
-                if fit is not None:
-                    a = accepted(proposal, trace.target, i, top)
-                    last = min(top, a + 1)
-                    fit["offered"][key][:last] += 1
-                    fit["accepted"][key][: min(a, last)] += 1
-                offered, acc = tables["offered"].get(key), tables["accepted"].get(key)
-                hazard = (np.full(max_len, A0 / (A0 + B0)) if offered is None else (acc + A0) / (offered + A0 + B0))
-                expected = 1 + np.cumsum(np.cumprod(hazard[:top]))
-                utility = expected / curve[2 : top + 2]
-                g = int(np.argmax(utility))
-                if utility[g] > best[0] * (1 + 1e-9):
-                    best = (float(utility[g]), d, g + 1)
-            _, d, gamma = best
-            previous = i
-            if d is None:
-                spent += float(curve[1])
-                i += 1
-            else:
-                spent += float(curve[gamma + 1])
-                i += accepted(trace.proposals[d][i], trace.target, i, gamma) + 1
-    return spent
+
+    def round_of(trace, i, previous, curve):
+        best = (1.0 / curve[1], None, 0)
+        for d, _, top, hazard in offers(trace, i, previous, mode, tables, max_len, fit):
+            expected = 1 + np.cumsum(np.cumprod(hazard[:top]))
+            utility = expected / curve[2 : top + 2]
+            g = int(np.argmax(utility))
+            if utility[g] > best[0] * (1 + 1e-9):
+                best = (float(utility[g]), d, g + 1)
+        _, d, gamma = best
+        if d is None:
+            return 1, 1
+        return gamma + 1, accepted(trace.proposals[d][i], trace.target, i, gamma) + 1
+
+    return replay_rounds(traces, surface, round_of)
 
 
 def myopic_oracle(traces, surface, max_len: int) -> float:
     """Decode seconds when every round knows each drafter's accepted length in advance."""
-    spent = 0.0
-    for trace in traces:
-        n, base = len(trace.target), len(trace.prompt_ids)
-        i = 0
-        while i < n - 1:
-            curve = surface.curve(base + i)
-            best = (1.0 / curve[1], 0)
-            for d in CHEAP:
-                a = min(accepted(trace.proposals[d][i], trace.target, i, max_len), n - 1 - i)
-                if a > 0 and (a + 1) / curve[a + 1] > best[0]:
-                    best = ((a + 1) / curve[a + 1], a)
-            spent += float(curve[best[1] + 1])
-            i += best[1] + 1
-    return spent
+
+    def round_of(trace, i, previous, curve):
+        best = (1.0 / curve[1], 0)
+        for d in CHEAP:
+            a = min(accepted(trace.proposals[d][i], trace.target, i, max_len), len(trace.target) - 1 - i)
+            if a > 0 and (a + 1) / curve[a + 1] > best[0]:
+                best = ((a + 1) / curve[a + 1], a)
+        return best[1] + 1, best[1] + 1
+
+    return replay_rounds(traces, surface, round_of)
 
 
-def fitted(traces, mode: str, surface, max_len: int) -> dict:
-    """Tables counted at the round starts of the policy itself, two passes (the first with no
-    tables, i.e. costaware's prior, the second with the first pass's tables)."""
+def fit_tables(run: Callable[[dict, dict], object], max_len: int) -> dict:
+    """Tables counted at the round starts of a policy itself (``run(tables, fit)`` runs it,
+    counting into ``fit``), two passes: the first with no tables (costaware's prior), the
+    second with the first pass's tables."""
     tables: dict = {"offered": {}, "accepted": {}}
     for _ in range(2):
         fit: dict = {"offered": collections.defaultdict(lambda: np.zeros(max_len)),
                      "accepted": collections.defaultdict(lambda: np.zeros(max_len))}
-        run_policy(traces, tables, mode, surface, max_len, fit)
+        run(tables, fit)
         tables = {"offered": dict(fit["offered"]), "accepted": dict(fit["accepted"])}
     return tables
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def fitted(traces, mode: str, surface, max_len: int) -> dict:
+    return fit_tables(lambda tables, fit: run_policy(traces, tables, mode, surface, max_len, fit), max_len)
+
+
+def of(traces, workload: str) -> list:
+    """The traces of one workload ("mixed": all)."""
+    return [t for t in traces if workload == "mixed" or t.kind == workload]
+
+
+def study(description: str, first_column: str, surface_tokens: Callable[[argparse.Namespace], int],
+          rows_of: Callable[[list, list, object, argparse.Namespace], list]) -> None:
+    """What both studies share: arguments, the traces (recorded once, cached), the surface,
+    and the table (speed-up over plain decoding per workload; printed, and with --out saved).
+    ``rows_of(traces, halves, surface, args)`` -> [(name, {workload: plain / policy seconds})]."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--skip", type=int, default=0)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -155,30 +184,33 @@ def main() -> None:
                             model="smollm2", max_tokens=args.max_tokens, record_len=args.max_draft_len,
                             drafters=",".join(CHEAP), threads=2, batch=8)
     traces, _ = R.record(ns, R._prompts(ns))
-    surface = R._surface_model(args.max_draft_len + 1, args.surface)
-    workloads = ("code", "code-edit", "chat", "mixed")
-    halves = [traces[0::2], traces[1::2]]
-    plain = {w: plain_seconds([t for t in traces if w == "mixed" or t.kind == w], surface) for w in workloads}
-    rows = []
-    for mode in MODES:
-        tables = [fitted(halves[1 - k], mode, surface, args.max_draft_len) for k in range(2)]
-        speeds = []
-        for w in workloads:
-            tests = [[t for t in half if w == "mixed" or t.kind == w] for half in halves]
-            spent = sum(run_policy(test, table, mode, surface, args.max_draft_len) for test, table in zip(tests, tables))
-            speeds.append(plain[w] / spent)
-        rows.append((mode, speeds))
-    rows.append(("myopic oracle", [plain[w] / myopic_oracle([t for t in traces if w == "mixed" or t.kind == w], surface,
-                                                            args.max_draft_len) for w in workloads]))
+    surface = R._surface_model(surface_tokens(args), args.surface)
+    rows = rows_of(traces, [traces[0::2], traces[1::2]], surface, args)
     lines = [f"{len(traces)} traces (--prompts {args.prompts} --skip {args.skip}), {args.max_tokens} tokens, "
              f"L = {args.max_draft_len}, surface {args.surface}; speed-up over plain decoding (decode only)", "",
-             "| context | " + " | ".join(workloads) + " |", "|---|" + "---:|" * len(workloads)]
-    lines += [f"| {name} | " + " | ".join(f"{v:.3f}x" for v in speeds) + " |" for name, speeds in rows]
+             f"| {first_column} | " + " | ".join(WORKLOADS) + " |", "|---|" + "---:|" * len(WORKLOADS)]
+    lines += [f"| {name} | " + " | ".join(f"{speeds[w]:.3f}x" for w in WORKLOADS) + " |" for name, speeds in rows]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
+
+
+def _rows(traces, halves, surface, args) -> list:
+    plain = {w: plain_seconds(of(traces, w), surface) for w in WORKLOADS}
+    rows = []
+    for mode in MODES:
+        tables = [fitted(halves[1 - k], mode, surface, args.max_draft_len) for k in range(2)]
+        rows.append((mode, {w: plain[w] / sum(run_policy(of(half, w), table, mode, surface, args.max_draft_len)
+                                              for half, table in zip(halves, tables)) for w in WORKLOADS}))
+    rows.append(("myopic oracle", {w: plain[w] / myopic_oracle(of(traces, w), surface, args.max_draft_len)
+                                   for w in WORKLOADS}))
+    return rows
+
+
+def main() -> None:
+    study(__doc__.splitlines()[0], "context", lambda args: args.max_draft_len + 1, _rows)
 
 
 if __name__ == "__main__":
