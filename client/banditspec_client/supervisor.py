@@ -46,7 +46,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 STUB_BINARY = b"triton_python_backend_stub"
 OPTIONAL_MODELS = frozenset({"eagle"})  # their death degrades service, it does not stop it
@@ -59,6 +59,9 @@ class Stub:
     pid: int
     model: str
     region: str  # its /dev/shm region name
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -105,14 +108,23 @@ def remove_regions(regions) -> list[str]:
     return removed
 
 
+def group_members(pgid: int) -> Iterator[list[str]]:
+    """The stat fields (:func:`_stat_fields`) of every process of group ``pgid``, zombies included."""
+    for entry in Path("/proc").iterdir():
+        fields = _stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and int(fields[2]) == pgid:
+            yield fields
+
+
 def group_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` still runs (a zombie does not: it holds nothing, and
     an orphan may never be reaped where PID 1 does not reap)."""
-    for entry in Path("/proc").iterdir():
-        fields = _stat_fields(int(entry.name)) if entry.name.isdigit() else None
-        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return any(fields[0] != "Z" for fields in group_members(pgid))
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process of group ``pgid`` (a server and its stubs)."""
+    return sum(int(fields[11]) + int(fields[12]) for fields in group_members(pgid)) / _CLOCK_TICKS
 
 
 def wait_group_gone(pgid: int, timeout: float) -> None:
@@ -261,7 +273,6 @@ def probe_model(http_url: str, model: str, timeout_s: float) -> tuple[str, str]:
         return UNREACHABLE, str(exc)
 
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float | None:

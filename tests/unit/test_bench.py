@@ -18,7 +18,8 @@ from banditspec_client.bench.compare import command as bench
 from banditspec_client.bench.methods import RunRecord, digest, parse_methods, rotated
 from banditspec_client.bench.compare.summary import markdown_report, summarize_workload, target_checks
 from banditspec_client.bench.runner import split_available
-from banditspec_client.bench.through_triton import bench_repository, private_model_name, process_group_cpu_seconds
+from banditspec_client.bench.through_triton import bench_repository, private_model_name
+from banditspec_client.supervisor import group_cpu_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,9 +169,9 @@ def test_the_decode_clock_leaves_each_requests_first_step_out():
     assert "decode tokens/s" in report and "first step (the prompt's prefill) left out" in report
 
 
-def test_process_group_cpu_seconds_counts_this_process():
+def test_group_cpu_seconds_counts_this_process():
     own = time.process_time()
-    assert process_group_cpu_seconds(os.getpgrp()) >= own - 0.05
+    assert group_cpu_seconds(os.getpgrp()) >= own - 0.05
 
 
 def test_target_checks_compare_against_the_issue_thresholds():

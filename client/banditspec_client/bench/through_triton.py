@@ -16,7 +16,6 @@ process group) spent meanwhile; tokens come from the ``speculation_stats`` outpu
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -28,6 +27,7 @@ import numpy as np
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
 from banditspec_client.bench.runner import RunSettings, split_available
 from banditspec_client.bench.workloads import Prompt
+from banditspec_client.supervisor import group_cpu_seconds
 
 CONTROLLER = "banditspec"
 PROBE_PROMPT = "Say hello."
@@ -52,23 +52,6 @@ def bench_repository(source: Path, copies: Sequence[str], out: Path) -> Path:
         shutil.copytree(source / CONTROLLER, out / name, ignore=shutil.ignore_patterns("__pycache__"))
         (out / name / "config.pbtxt").write_text(pattern.sub(f'name: "{name}"', template, count=1))
     return out
-
-
-def process_group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of every live process in process group ``pgid`` (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue  # the process ended meanwhile
-        fields = stat[stat.rindex(")") + 2 :].split()  # fields from the 3rd on (after "pid (comm)")
-        if int(fields[2]) == pgid:  # field 5: pgrp
-            total += int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
-    return total / ticks
 
 
 class TritonRunner:
@@ -183,12 +166,12 @@ class TritonRunner:
 
     def run(self, prompt: Prompt, method: Method, max_tokens: int) -> RunRecord:
         pgid = self._server.process.pid  # the server runs in its own session; its stubs too
-        cpu_before = process_group_cpu_seconds(pgid)
+        cpu_before = group_cpu_seconds(pgid)
         target_before = self._target_compute()
         result = self._generate(
             self.model_for[method.name], prompt.text, method, max_tokens, self.adaptive_arms if method.adaptive else None
         )
-        cpu_seconds = process_group_cpu_seconds(pgid) - cpu_before
+        cpu_seconds = group_cpu_seconds(pgid) - cpu_before
         target_after = self._target_compute()
         self._flush()
         record = RunRecord.from_stats(
