@@ -273,9 +273,10 @@ def test_batched_verify_equals_solo_runs(varied_model):
 
 def test_a_long_prefill_in_a_batch_gets_its_own_passes(varied_model):
     """On the panel kernels a prefill of more than 2 x prefill_chunk new tokens leaves the
-    padded batch (its own pass, in passes); every result is bitwise the one-batch result."""
+    padded batch (its own pass, in passes) and the others are packed into passes of at most
+    2 x prefill_chunk padded rows; every result is bitwise the one-batch result."""
     rng = np.random.default_rng(9)
-    prompts = [random_prompt(rng, n) for n in (100, 12, 70, 20)]
+    prompts = [random_prompt(rng, n) for n in (100, 12, 70, 20, 9)]
     requests = [VerifyRequest(ids(p), ids([3, 4]), hidden_from=0) for p in prompts]
     results = {}
     for chunk in (1000, 16):
@@ -284,7 +285,8 @@ def test_a_long_prefill_in_a_batch_gets_its_own_passes(varied_model):
         engine._fast.prefill_chunk = chunk
         passes = engine.forward_passes
         results[chunk] = engine.verify(requests)
-        assert engine.forward_passes - passes == (1 if chunk == 1000 else 3)  # 102 and 72 alone, 14 + 22 together
+        # chunk 16: 102 and 72 new tokens alone; 11 and 14 together (2 x 14 padded rows <= 32), then 22
+        assert engine.forward_passes - passes == (1 if chunk == 1000 else 4)
     for together, apart in zip(results[1000], results[16]):
         assert together.output_ids.tolist() == apart.output_ids.tolist()
         assert np.array_equal(together.hidden_states, apart.hidden_states)
