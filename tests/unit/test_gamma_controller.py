@@ -481,7 +481,9 @@ def test_splitting_a_prefill_out_saves_padded_positions_and_changes_no_result(ti
     for i, (request, result) in enumerate(zip(first, tiny_engine.verify(first))):
         splitter.observe(request, result)
         seqs[i] = np.concatenate([request.input_ids, result.output_ids]).astype(np.int32)
-    prompt = rng.integers(1, 2000, size=120).astype(np.int32)
+    # short enough (4 x 60 padded rows <= 2 x prefill_chunk) that the engine itself would run all
+    # four in one padded pass (ReferenceEngine._passes)
+    prompt = rng.integers(1, 2000, size=60).astype(np.int32)
     batch = [VerifyRequest(s, np.array([5, 6], dtype=np.int32)) for s in seqs] + [VerifyRequest(prompt)]
     groups = splitter.split(batch)
     assert groups == [[0, 1, 2], [3]]

@@ -205,7 +205,7 @@ class _RowOutput:
 class ReferenceEngine:
     """Target engine over a transformers ``LlamaForCausalLM`` (fp32, CPU).
 
-    Counters: ``forward_passes`` (one per ``verify`` call), ``positions_computed``
+    Counters: ``forward_passes`` (one per ``verify`` call, or several: :meth:`_passes`), ``positions_computed``
     (real tokens fed through the model) and ``padded_positions`` (padding added to
     batch ragged sequences).
     """
@@ -315,7 +315,7 @@ class ReferenceEngine:
     # --- verify -------------------------------------------------------------------
 
     def verify(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]:
-        """Verify a batch in one forward pass; results in request order.
+        """Verify a batch (one forward pass, or several: below); results in request order.
 
         On the panel kernels a request with a long run of new tokens (a prefill of more
         than 2 x ``prefill_chunk``, see :meth:`FastLlama._chunked`) gets a pass of its own,

@@ -147,7 +147,7 @@ class EngineCacheSample:
     entries: int  # cached sequences
     capacity_tokens: int  # the cache's token budget (its bound); -1 = unknown
     evictions: int  # entries evicted since start
-    forward_passes: int  # verify calls since start
+    forward_passes: int  # batched forward passes since start (a verify call runs one or more)
 
 
 def sample_engine(engine) -> EngineCacheSample:
