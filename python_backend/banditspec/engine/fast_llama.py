@@ -323,7 +323,7 @@ class FastLlama:
         capture: tuple[int, ...],
         kv_out: KVBuffer,
     ) -> tuple[torch.Tensor, list[LayerKV], list[torch.Tensor]]:
-        """:meth:`forward_capture` of batch 1 in passes of :attr:`prefill_chunk` new tokens,
+        """:meth:`forward_capture` of batch 1 in equal passes of at most :attr:`prefill_chunk` new tokens,
         each pass attending to the KV the earlier ones wrote into ``kv_out``. Every op of a
         row on the panel kernels is independent of the rows beside it, so the hidden
         states, captured layers and KV are bitwise those of one pass; what changes is speed
