@@ -32,7 +32,9 @@ n = int(sys.argv[1]) if len(sys.argv) > 1 else 6
 model, tokenizer = load_model("smollm2")
 engine = ReferenceEngine(model, max_context=2048)
 weight = model.lm_head.weight.detach().float()
-screen = panel_kernel.PanelInt8Linear(weight, panel_kernel.load())
+library = panel_kernel.load()
+assert library is not None, panel_kernel.unavailable_reason()
+screen = panel_kernel.PanelInt8Linear(weight, library)
 scale = screen.scale[: weight.shape[0]]
 states: list[torch.Tensor] = []
 original = engine._lm_head
