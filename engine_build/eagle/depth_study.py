@@ -9,7 +9,7 @@ then ``--extra-layers`` standard Llama decoder layers over the head's hidden sta
 output projections zero-initialised so that training starts from the one-layer head's
 function) with the shipped recipe's objective (training-time test over ``--unroll-steps``
 draft steps, the extra layers attending under the same unrolled mask), on the cached
-self-distilled data of the v2/v3 builds (2200 chat + 240 code prompts; built first when
+self-distilled data of the v2 build (2200 chat + 240 code prompts, the loss on answers as in that build; built first when
 missing), for ``--epochs`` each, and reports the held-out loss and top-1 agreement with
 the target per draft step (the trained weights go to the cache folder,
 ``eagle3-depth-study/``). Nothing here is served: a deeper head would need the drafter's
