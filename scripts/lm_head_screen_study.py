@@ -58,10 +58,7 @@ for prompt in prompts:
         # the target forward just ran: both heads' weights are as cold as in serving
         t0 = time.perf_counter()
         logits = original(x)
-        t1 = time.perf_counter()
-        screened = screen(x)
-        t2 = time.perf_counter()
-        full_s.append(t1 - t0)
+        full_s.append(time.perf_counter() - t0)
         engine.verify([VerifyRequest(np.asarray(ids[:-1], dtype=np.int32))])  # evict again
         t3 = time.perf_counter()
         screened = screen(x)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from banditspec.eagle.head import RMSNorm, apply_rope, empty_cache, extend_cache, rope_cos_sin
+from banditspec.eagle.head import RMSNorm, apply_rope, extend_cache, rope_cos_sin
 from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, _MLP
 from banditspec.paths import REPO_ROOT, cache_dir
 from banditspec_train.eagle import objective3
@@ -119,10 +119,8 @@ def _step(head: Eagle3Head, embeddings: torch.Tensor, hidden: torch.Tensor,
     """T pairs appended to every layer's cache (positions = cache length onwards): states [1, T, H]."""
     past, t = caches[0][0].shape[2], hidden.shape[1]
     positions = torch.arange(past, past + t)
-    q, k, v = head.qkv(embeddings, hidden, positions)
-    k, v, mask = extend_cache(*caches[0], k, v)
+    x, k, v = head.step(embeddings, hidden, *caches[0])  # the served layer's own incremental step
     grown = [(k, v)]
-    x = head.finish(hidden, head.attend(q, k, v, mask))
     for depth, layer in enumerate(cast(list[_Layer], list(getattr(head, "extra", []))), start=1):
         q, k, v = layer.qkv(x, positions, head.config)
         k, v, mask = extend_cache(*caches[depth], k, v)
@@ -137,7 +135,7 @@ def replay_chain(head: Eagle3Head, embedding: torch.Tensor, total: list[int], pr
     """Accepted lengths of chain drafting (gamma tokens, no cut-off, fp32) replayed over a known
     greedy continuation, as bench_eagle.py replays the served drafter (its prompt window too)."""
     layers = 1 + len(getattr(head, "extra", []))
-    caches = [empty_cache(head.config.num_kv_heads, head.config.head_dim) for _ in range(layers)]
+    caches = [head.empty_cache() for _ in range(layers)]
     fused = head.project(aux)  # [T, H]
     committed = max(0, prompt_len - window)  # next real pair to feed
     position = prompt_len + 1  # the first generated token is the prefill's

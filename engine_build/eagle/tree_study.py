@@ -115,10 +115,15 @@ def draft_tree(session: EagleSession, policy: Policy, depth: int) -> list[Node]:
     return nodes
 
 
-def most_probable(nodes: list[Node], n: int) -> list[int]:
+def by_probability(nodes: list[Node]) -> list[int]:
+    return sorted(range(len(nodes)), key=lambda i: -nodes[i].probability)
+
+
+def most_probable(nodes: list[Node], n: int, order: list[int] | None = None) -> list[int]:
     """Indices of the n most probable nodes (a child is never more probable than its parent,
-    so the set is a tree; ancestors are added should a tie break that)."""
-    chosen = set(sorted(range(len(nodes)), key=lambda i: -nodes[i].probability)[:n])
+    so the set is a tree; ancestors are added should a tie break that). ``order``: the
+    nodes' :func:`by_probability`, when the caller has it."""
+    chosen = set((by_probability(nodes) if order is None else order)[:n])
     for i in list(chosen):
         parent = nodes[i].parent
         while parent >= 0 and parent not in chosen:
@@ -147,11 +152,11 @@ def step_cost(costs: CostModel, context: int, chosen: list[int], nodes: list[Nod
 def choose(policy: Policy, nodes: list[Node], costs: CostModel, context: int, level_cost: float) -> list[int]:
     if not policy.cost_aware:
         return most_probable(nodes, policy.nodes)
-    order = sorted(range(len(nodes)), key=lambda i: -nodes[i].probability)
+    order = by_probability(nodes)
     best, best_value, expected = [], 1.0 / step_cost(costs, context, [], nodes, level_cost), 1.0
     for n in range(1, min(policy.nodes, len(order)) + 1):
         expected += nodes[order[n - 1]].probability
-        chosen = most_probable(nodes, n)
+        chosen = most_probable(nodes, n, order)
         value = expected / step_cost(costs, context, chosen, nodes, level_cost)
         if value > best_value:
             best, best_value = chosen, value
