@@ -131,3 +131,59 @@ def test_attention_softmax_underflow_and_one_key(library):
     assert torch.equal(out, v[0, :, 1])
     one = panel_kernel.attention(library, q, k, v, lo + 1, hi, 1.0).view(3, 8)
     assert torch.equal(one, v[0, :, 1])
+
+
+def _avx512(library) -> bool:
+    return bool(library.bs_panel_avx512_ok())
+
+
+def test_isa_switch(library):
+    """The GEMM runs on AVX-512 where the CPU has it (the default), AVX2 on request."""
+    before = panel_kernel.isa(library)
+    assert before == ("avx512" if _avx512(library) else "avx2")
+    try:
+        assert panel_kernel.set_isa(library, "avx2") == "avx2"
+        assert panel_kernel.isa(library) == "avx2"
+        assert panel_kernel.set_isa(library, "avx512") == before
+        with pytest.raises(ValueError, match="avx2 or avx512"):
+            panel_kernel.set_isa(library, "sse")
+    finally:
+        panel_kernel.set_isa(library, before)
+
+
+@pytest.mark.parametrize("out_features,in_features", SHAPES + [(49152 // 8, 576)])
+def test_avx512_rows_are_bitwise_the_avx2_rows(library, out_features, in_features):
+    """Both widths compute each output as one FMA chain over increasing k: the same bits,
+    whatever the row count (1-4 rows stream in one pass, more in a first row and fours),
+    so prefills on one and verify steps on the other would still agree."""
+    if not _avx512(library):
+        pytest.skip("this CPU has no AVX-512F")
+    generator = torch.Generator().manual_seed(out_features + 3 * in_features)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    linear = PanelLinear(weight, library)
+    x = torch.randn(70, in_features, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        for rows in (1, 2, 3, 4, 5, 6, 8, 9, 13, 17, 33, 70):
+            panel_kernel.set_isa(library, "avx2")
+            narrow = linear(x[:rows])
+            panel_kernel.set_isa(library, "avx512")
+            assert torch.equal(linear(x[:rows]), narrow), rows
+        torch.set_num_threads(2)  # a prefill's groups shared among threads
+        assert torch.equal(linear(x), narrow)
+    finally:
+        torch.set_num_threads(threads)
+        panel_kernel.set_isa(library, "avx512")
+
+
+def test_isa_environment_variable():
+    """BANDITSPEC_PANEL_ISA=avx2 at load keeps the GEMM on AVX2 (a fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from banditspec.engine import panel_kernel as p; print(p.isa())"
+    env = dict(os.environ, BANDITSPEC_PANEL_ISA="avx2")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "avx2"

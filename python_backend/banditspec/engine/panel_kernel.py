@@ -98,6 +98,9 @@ def load() -> ctypes.CDLL | None:
         library.bs_panel_stride.argtypes = [i64]
         library.bs_panel_stride.restype = i64
         library.bs_panel_width.restype = ctypes.c_int
+        library.bs_panel_set_isa.argtypes = [ctypes.c_int]
+        library.bs_panel_set_isa.restype = ctypes.c_int
+        library.bs_panel_isa.restype = ctypes.c_int
         library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr] + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
         library.bs_attention.restype = None
         library.bs_i8_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64]
@@ -108,8 +111,32 @@ def load() -> ctypes.CDLL | None:
         library.bs_i8_group_columns.restype = ctypes.c_int
         library.bs_eagle_step.argtypes = [i64] * 6 + [ctypes.c_float] + [ptr] * 11 + [i64, i64, ptr, i64]
         library.bs_eagle_step.restype = ctypes.c_int
+        want = os.environ.get("BANDITSPEC_PANEL_ISA", "auto")
+        if want not in ("auto", "avx2", "avx512"):
+            log.warning("BANDITSPEC_PANEL_ISA=%r is not auto | avx2 | avx512; using auto", want)
+            want = "auto"
+        # auto: AVX-512 where the CPU has it (bitwise the same outputs as AVX2, see panel_gemm.c)
+        library.bs_panel_set_isa(256 if want == "avx2" else 512)
         _library = library
         return library
+
+
+def isa(library: ctypes.CDLL | None = None) -> str | None:
+    """The vector width the panel GEMM runs on ("avx512" | "avx2"), None when the kernel is unavailable."""
+    library = library or load()
+    if library is None:
+        return None
+    return "avx512" if int(library.bs_panel_isa()) == 512 else "avx2"
+
+
+def set_isa(library: ctypes.CDLL, name: str) -> str:
+    """Switch the process's panel GEMM to "avx512" (where the CPU has it) or "avx2"; returns
+    what it runs on now. Both compute bitwise the same outputs; this is for tests and
+    benchmarks (the BANDITSPEC_PANEL_ISA environment variable sets it at load)."""
+    if name not in ("avx2", "avx512"):
+        raise ValueError(f"isa must be avx2 or avx512, got {name!r}")
+    library.bs_panel_set_isa(512 if name == "avx512" else 256)
+    return "avx512" if int(library.bs_panel_isa()) == 512 else "avx2"
 
 
 def unavailable_reason() -> str | None:

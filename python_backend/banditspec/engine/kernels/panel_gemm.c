@@ -174,12 +174,188 @@ __attribute__((target("avx2,fma"))) static void group_rows2(
     }
 }
 
+/* One block of k, [k0, k1), of `rows` rows (x: the first, rows ldx apart) over a group of
+ * `count` (<= GROUP) panels; acc[r]: row r's running values (started when k0 == 0). */
+typedef void (*block_fn)(const float *x, int64_t rows, int64_t ldx, const float *panel, int64_t stride,
+                         int64_t count, int64_t K, int64_t k0, int64_t k1, float (*acc)[GROUP * PANEL]);
+
+__attribute__((target("avx2,fma"))) static void avx2_block(
+    const float *x, int64_t rows, int64_t ldx, const float *panel, int64_t stride, int64_t count,
+    int64_t K, int64_t k0, int64_t k1, float (*acc)[GROUP * PANEL]) {
+    if (count == GROUP && rows > 1) {
+        /* The first row alone (it streams the block from memory: six streams at once),
+         * then the others in pairs, an odd last row alone. The passes after the first
+         * share out the prefetch of the block PF_BLOCKS ahead, panel by panel, so that
+         * memory stays busy while they compute. */
+        const int64_t kp = k0 + PF_BLOCKS * K_BLOCK;
+        const int later = (int)(rows / 2); /* passes after the first */
+        const float *pf[GROUP];
+        int pass = 0;
+        group_row(x, panel, stride, k0, k1, acc[0], k0 == 0, pf, 0);
+        int64_t r = 1;
+        while (r < rows) {
+            int npf = 0;
+            if (kp < K) {
+                const int j0 = pass * GROUP / later, j1 = (pass + 1) * GROUP / later;
+                for (int j = j0; j < j1; ++j) pf[npf++] = panel + j * stride + (kp - k0) * PANEL;
+            }
+            const float *xr = x + r * ldx;
+            if (r + 1 < rows) {
+                group_rows2(xr, xr + ldx, panel, stride, k0, k1, acc[r], acc[r + 1], k0 == 0, pf, npf);
+                r += 2;
+            } else {
+                group_row(xr, panel, stride, k0, k1, acc[r], k0 == 0, pf, npf);
+                r += 1;
+            }
+            ++pass;
+        }
+        return;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * ldx;
+        if (count == GROUP) {
+            group_row(xr, panel, stride, k0, k1, acc[r], k0 == 0, 0, 0);
+        } else {
+            for (int64_t j = 0; j < count; ++j)
+                panel_row(xr, panel + j * stride, k0, k1, acc[r] + j * PANEL, k0 == 0);
+        }
+    }
+}
+
+/* ---- the same GEMM on AVX-512 ----------------------------------------------------
+ * One panel (16 columns) is exactly one 512-bit vector, so these kernels keep one
+ * accumulator per (row, panel) and compute, lane by lane, the same single FMA chain over
+ * increasing k as the AVX2 kernels above: bitwise the same outputs (an FMA rounds once,
+ * whatever the vector width), with twice the multiply-adds per instruction and 32
+ * registers. Up to five rows run together over a group of six panels (30 accumulators;
+ * per k six weight vectors loaded once for all of them). Schedule per block of k: a
+ * call of up to five rows (a verify of gamma <= 4) streams the block from memory in one
+ * pass with all of them; a longer one streams it with its first 1-4 rows, then the
+ * others four at a time re-read it from L1 and share out the prefetch of the next block
+ * (the AVX2 kernel's scheme).
+ * Measured on a 2-core Zen 5 VM (SmolLM2-135M, one thread, weights streamed from
+ * memory; docs/benchmarks/panel-avx512): a whole prefill 1.4-1.5x faster (its
+ * projections ~1.8x); a decoding step over k new tokens 1.04x (k = 1) to 1.06-1.11x
+ * (k = 2..9) and 1.28x (k = 17) faster, paired step by step. Used when the CPU has AVX-512F
+ * and bs_panel_set_isa() allowed it (the Python loader does, unless
+ * BANDITSPEC_PANEL_ISA=avx2). */
+static int use_avx512 = 0;
+
+
+int bs_panel_avx512_ok(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+
+/* want: 512 for AVX-512 where the CPU has it, anything else for AVX2. Returns the width
+ * now in use (512 or 256). Process-wide; call it before any GEMM runs. */
+int bs_panel_set_isa(int want) {
+    use_avx512 = (want == 512 && bs_panel_avx512_ok()) ? 1 : 0;
+    return use_avx512 ? 512 : 256;
+}
+
+int bs_panel_isa(void) { return use_avx512 ? 512 : 256; }
+
+/* One row over k in [k0, k1) of `count` (< GROUP) panels starting at `panel`, panel by panel. */
+__attribute__((target("avx512f"))) static void z_row(
+    const float *x, const float *panel, int64_t stride, int64_t count, int64_t k0, int64_t k1,
+    float *acc, int first) {
+    for (int64_t j = 0; j < count; ++j) {
+        const float *p = panel + j * stride;
+        __m512 z = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + j * PANEL);
+        for (int64_t k = k0; k < k1; ++k) z = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), _mm512_loadu_ps(p + k * PANEL), z);
+        _mm512_storeu_ps(acc + j * PANEL, z);
+    }
+}
+
+/* n rows (x, x + ldx, ...; running values acc, acc + GROUP * PANEL, ...), n = 1..5 known
+ * at the call (always inlined: the accumulators stay in registers), over k in [k0, k1)
+ * of a full group: up to 30 accumulators, each weight vector loaded once for the n rows.
+ * As the streaming pass (pf = NULL) it reads the block from memory with six streams at
+ * once; as a later pass it re-reads it from L1 and prefetches its share of the next one. */
+__attribute__((target("avx512f"), always_inline)) static inline void z_rows(
+    const int n, const float *x, int64_t ldx, const float *panel, int64_t stride, int64_t k0,
+    int64_t k1, float *acc, int first, const float *const *pf, int npf) {
+    __m512 z[5][GROUP];
+    const float *p[GROUP];
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < GROUP; ++j) p[j] = panel + j * stride;
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < n; ++r)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < GROUP; ++j)
+            z[r][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * GROUP * PANEL + j * PANEL);
+    for (int64_t k = k0; k < k1; ++k) {
+        __m512 b[5];
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < n; ++r) b[r] = _mm512_set1_ps(x[r * ldx + k]);
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < npf; ++i) _mm_prefetch((const char *)(pf[i] + k * PANEL), PF_HINT);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < GROUP; ++j) {
+            const __m512 w = _mm512_loadu_ps(p[j] + k * PANEL);
+            _Pragma("GCC unroll 8")
+            for (int r = 0; r < n; ++r) z[r][j] = _mm512_fmadd_ps(b[r], w, z[r][j]);
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < n; ++r)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < GROUP; ++j) _mm512_storeu_ps(acc + r * GROUP * PANEL + j * PANEL, z[r][j]);
+}
+
+/* z_rows for n = 1..5 (n outside: not called). */
+__attribute__((target("avx512f"))) static void z_rows_n(
+    int n, const float *x, int64_t ldx, const float *panel, int64_t stride, int64_t k0,
+    int64_t k1, float *acc, int first, const float *const *pf, int npf) {
+    switch (n) {
+    case 1: z_rows(1, x, ldx, panel, stride, k0, k1, acc, first, pf, npf); break;
+    case 2: z_rows(2, x, ldx, panel, stride, k0, k1, acc, first, pf, npf); break;
+    case 3: z_rows(3, x, ldx, panel, stride, k0, k1, acc, first, pf, npf); break;
+    case 5: z_rows(5, x, ldx, panel, stride, k0, k1, acc, first, pf, npf); break;
+    default: z_rows(4, x, ldx, panel, stride, k0, k1, acc, first, pf, npf); break;
+    }
+}
+
+/* avx2_block on AVX-512: up to five rows stream the block from memory together; more
+ * stream it with their first 1-4 rows, then the other rows four at a time re-read it
+ * from L1 and share out the prefetch of the next block. A partial group (fewer than
+ * GROUP panels, at the end) goes row by row, panel by panel. */
+__attribute__((target("avx512f"))) static void avx512_block(
+    const float *x, int64_t rows, int64_t ldx, const float *panel, int64_t stride, int64_t count,
+    int64_t K, int64_t k0, int64_t k1, float (*acc)[GROUP * PANEL]) {
+    if (count != GROUP) {
+        for (int64_t r = 0; r < rows; ++r) z_row(x + r * ldx, panel, stride, count, k0, k1, acc[r], k0 == 0);
+        return;
+    }
+    /* up to five rows (a verify of gamma <= 4): one streaming pass with all of them (no
+     * software prefetch: it slowed the hardware's); more: the first 1-4 rows stream,
+     * the rest follow in whole fours (a last pass of one or two rows was slower than
+     * AVX2 at 6 rows) */
+    const int64_t lead = rows <= 5 ? rows : (rows - 1) % 4 + 1;
+    const int64_t later = (rows - lead + 3) / 4; /* passes after the streaming one */
+    const int64_t kp = k0 + PF_BLOCKS * K_BLOCK;
+    const float *pf[GROUP];
+    z_rows_n((int)lead, x, ldx, panel, stride, k0, k1, acc[0], k0 == 0, pf, 0);
+    int64_t pass = 0;
+    for (int64_t r = lead; r < rows; r += 4, ++pass) {
+        int npf = 0;
+        if (kp < K) {
+            const int64_t j0 = pass * GROUP / later, j1 = (pass + 1) * GROUP / later;
+            for (int64_t j = j0; j < j1; ++j) pf[npf++] = panel + j * stride + (kp - k0) * PANEL;
+        }
+        const int n = (int)((rows - r) < 4 ? (rows - r) : 4);
+        z_rows_n(n, x + r * ldx, ldx, panel, stride, k0, k1, acc[r], k0 == 0, pf, npf);
+    }
+}
+
 #define ROWS_PER_PASS 32 /* rows whose running values are kept per pass (32 x 384 B on the stack) */
 
-/* Panels [p_begin, p_end) (at most GROUP) for every row. */
-__attribute__((target("avx2,fma"))) static void one_group(
-    const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed, int64_t stride,
-    int64_t N, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
+/* Panels [p_begin, p_end) (at most GROUP) for every row: ROWS_PER_PASS rows at a time,
+ * block by block of K_BLOCK values of k, each block computed by `block`. */
+static void one_group(
+    block_fn block, const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed,
+    int64_t stride, int64_t N, float *y, int64_t ldy, int64_t p_begin, int64_t p_end) {
     float acc[ROWS_PER_PASS][GROUP * PANEL];
     const int64_t count = p_end - p_begin;
     const float *panel = packed + p_begin * stride;
@@ -187,44 +363,7 @@ __attribute__((target("avx2,fma"))) static void one_group(
         const int64_t rows = (M - m0) < ROWS_PER_PASS ? (M - m0) : ROWS_PER_PASS;
         for (int64_t k0 = 0; k0 < K; k0 += K_BLOCK) {
             const int64_t k1 = (k0 + K_BLOCK) < K ? (k0 + K_BLOCK) : K;
-            if (count == GROUP && rows > 1) {
-                /* The first row alone (it streams the block from memory: six streams at once),
-                 * then the others in pairs, an odd last row alone. The passes after the first
-                 * share out the prefetch of the block PF_BLOCKS ahead, panel by panel, so that
-                 * memory stays busy while they compute. */
-                const int64_t kp = k0 + PF_BLOCKS * K_BLOCK;
-                const int later = (int)(rows / 2); /* passes after the first */
-                const float *pf[GROUP];
-                int pass = 0;
-                group_row(x + m0 * ldx, panel, stride, k0, k1, acc[0], k0 == 0, pf, 0);
-                int64_t r = 1;
-                while (r < rows) {
-                    int npf = 0;
-                    if (kp < K) {
-                        const int j0 = pass * GROUP / later, j1 = (pass + 1) * GROUP / later;
-                        for (int j = j0; j < j1; ++j) pf[npf++] = panel + j * stride + (kp - k0) * PANEL;
-                    }
-                    const float *xr = x + (m0 + r) * ldx;
-                    if (r + 1 < rows) {
-                        group_rows2(xr, xr + ldx, panel, stride, k0, k1, acc[r], acc[r + 1], k0 == 0, pf, npf);
-                        r += 2;
-                    } else {
-                        group_row(xr, panel, stride, k0, k1, acc[r], k0 == 0, pf, npf);
-                        r += 1;
-                    }
-                    ++pass;
-                }
-                continue;
-            }
-            for (int64_t r = 0; r < rows; ++r) {
-                const float *xr = x + (m0 + r) * ldx;
-                if (count == GROUP) {
-                    group_row(xr, panel, stride, k0, k1, acc[r], k0 == 0, 0, 0);
-                } else {
-                    for (int64_t j = 0; j < count; ++j)
-                        panel_row(xr, panel + j * stride, k0, k1, acc[r] + j * PANEL, k0 == 0);
-                }
-            }
+            block(x + m0 * ldx, rows, ldx, panel, stride, count, K, k0, k1, acc);
         }
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t n0 = p_begin * PANEL;
@@ -247,7 +386,7 @@ __attribute__((target("avx2,fma"))) void bs_panel_gemm(
     for (int64_t g = 0; g < groups; ++g) {
         const int64_t p_begin = g * GROUP;
         const int64_t p_end = (p_begin + GROUP) < panels ? (p_begin + GROUP) : panels;
-        one_group(x, M, K, ldx, packed, stride, N, y, ldy, p_begin, p_end);
+        one_group(use_avx512 ? avx512_block : avx2_block, x, M, K, ldx, packed, stride, N, y, ldy, p_begin, p_end);
     }
 }
 
