@@ -187,25 +187,3 @@ def test_isa_environment_variable():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "avx2"
-
-
-@pytest.mark.parametrize("dim", [64, 72, 128, 8])
-def test_attention_is_bitwise_the_same_on_both_widths(library, dim):
-    """The attention's weighted sums run 64 columns at a time on AVX-512: the same
-    per-element FMA chains over the keys, so the same bits as on AVX2."""
-    if not _avx512(library):
-        pytest.skip("this CPU has no AVX-512F")
-    generator = torch.Generator().manual_seed(dim)
-    heads, kv_heads, cached, fresh = 9, 3, 45, 7
-    q = torch.randn(1, heads, fresh, dim, generator=generator)
-    k = torch.randn(1, kv_heads, cached + fresh, dim, generator=generator)
-    v = torch.randn(1, kv_heads, cached + fresh, dim, generator=generator)
-    hi = (torch.arange(fresh) + cached + 1)[None]
-    lo = torch.zeros(1, fresh, dtype=torch.long)
-    try:
-        panel_kernel.set_isa(library, "avx2")
-        narrow = panel_kernel.attention(library, q, k, v, lo, hi, 0.125)
-        panel_kernel.set_isa(library, "avx512")
-        assert torch.equal(panel_kernel.attention(library, q, k, v, lo, hi, 0.125), narrow)
-    finally:
-        panel_kernel.set_isa(library, "avx512")

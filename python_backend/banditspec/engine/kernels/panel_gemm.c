@@ -401,8 +401,7 @@ __attribute__((target("avx2,fma"))) void bs_panel_gemm(
  * - the softmax takes the max (exact in any order), then bs_exp(s - max) per key (a
  *   fixed polynomial, lane-independent), summed in 8 partial sums over (j - lo) mod 8,
  *   the partials then added in order 0..7;
- * - the output is one FMA chain per element over increasing j, divided by the sum
- *   (on AVX-512, when the GEMM runs on it, 64 elements at a time: the same chains).
+ * - the output is one FMA chain per element over increasing j, divided by the sum.
  * So a query row's result is bitwise the same however many rows the call carries and
  * wherever its keys sit in the (left-padded) cache: a verify step, one-token decoding and
  * a batched step compute the same values.
@@ -567,40 +566,10 @@ __attribute__((target("avx2,fma"))) static void weighted3_32(
     W_STORE(2, 0) W_STORE(2, 1) W_STORE(2, 2) W_STORE(2, 3)
 }
 
-/* weighted3_32 on AVX-512 over 64 columns (the same chains, four 512-bit vectors a head). */
-#define Z_WFMA(v)                                                                        \
-    {                                                                                    \
-        const __m512 vv = _mm512_loadu_ps(vr + 16 * (v));                                \
-        a0##v = _mm512_fmadd_ps(w0, vv, a0##v);                                          \
-        a1##v = _mm512_fmadd_ps(w1, vv, a1##v);                                          \
-        a2##v = _mm512_fmadd_ps(w2, vv, a2##v);                                          \
-    }
-#define Z_WINIT(i, v) __m512 a##i##v = _mm512_loadu_ps(acc[i] + d0 + 16 * (v));
-#define Z_WSTORE(i, v) _mm512_storeu_ps(acc[i] + d0 + 16 * (v), a##i##v);
-__attribute__((target("avx512f"))) static void weighted3_64(
-    const float *const *w, const float *values, int64_t j0, int64_t j1, int64_t D, int64_t d0,
-    float *const *acc) {
-    Z_WINIT(0, 0) Z_WINIT(0, 1) Z_WINIT(0, 2) Z_WINIT(0, 3)
-    Z_WINIT(1, 0) Z_WINIT(1, 1) Z_WINIT(1, 2) Z_WINIT(1, 3)
-    Z_WINIT(2, 0) Z_WINIT(2, 1) Z_WINIT(2, 2) Z_WINIT(2, 3)
-    const float *w0p = w[0], *w1p = w[1], *w2p = w[2];
-    for (int64_t j = j0; j < j1; ++j) {
-        const float *vr = values + j * D + d0;
-        const __m512 w0 = _mm512_set1_ps(w0p[j]), w1 = _mm512_set1_ps(w1p[j]), w2 = _mm512_set1_ps(w2p[j]);
-        Z_WFMA(0) Z_WFMA(1) Z_WFMA(2) Z_WFMA(3)
-    }
-    Z_WSTORE(0, 0) Z_WSTORE(0, 1) Z_WSTORE(0, 2) Z_WSTORE(0, 3)
-    Z_WSTORE(1, 0) Z_WSTORE(1, 1) Z_WSTORE(1, 2) Z_WSTORE(1, 3)
-    Z_WSTORE(2, 0) Z_WSTORE(2, 1) Z_WSTORE(2, 2) Z_WSTORE(2, 3)
-}
-
-/* The same over all of D (a multiple of 8): 64 columns at a time on AVX-512 (when the GEMM
- * runs on it), 32 at a time on AVX2, then 8 at a time. */
+/* The same over all of D (a multiple of 8): 32 columns at a time, then 8 at a time. */
 __attribute__((target("avx2,fma"))) static void weighted3(
     const float *const *w, const float *values, int64_t j0, int64_t j1, int64_t D, float *const *acc) {
     int64_t d0 = 0;
-    if (use_avx512)
-        for (; d0 + 64 <= D; d0 += 64) weighted3_64(w, values, j0, j1, D, d0, acc);
     for (; d0 + 32 <= D; d0 += 32) weighted3_32(w, values, j0, j1, D, d0, acc);
     for (; d0 < D; d0 += 8) {
         __m256 a0 = _mm256_loadu_ps(acc[0] + d0), a1 = _mm256_loadu_ps(acc[1] + d0), a2 = _mm256_loadu_ps(acc[2] + d0);
