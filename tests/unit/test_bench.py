@@ -324,3 +324,19 @@ def test_sweep_measures_a_point_again_after_an_empty_profile_export(tmp_path, mo
     assert calls == ["vanilla_c1.profile.json"] * 2
     assert [r["output_tokens"] for r in rows] == [3]
     assert (tmp_path / "runs" / "vanilla_c1.empty-profile.log").exists()
+
+
+def test_results_name_the_cpu_and_the_panel_kernel_width(tmp_path, monkeypatch):
+    """Results from different CPUs are not comparable: the set-up names the CPU (model name and
+    family from /proc/cpuinfo) and what the engine's panel GEMM runs on."""
+    import builtins
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nflags\t\t: fpu\n"
+                       "processor\t: 1\ncpu family\t: 26\nmodel name\t: AMD EPYC\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path, *a, **k))
+    assert bench.cpu_description() == "AMD EPYC, family 26"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
+    assert bench.cpu_description() == "Some CPU"
+    assert bench._panel_isa() in ("avx512", "avx2") or bench._panel_isa().startswith("unavailable")

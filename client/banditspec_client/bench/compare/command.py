@@ -33,6 +33,33 @@ FULL = {"workload": "all", "prompts": 4, "max_tokens": 96}
 WARMUP_PROMPT = Prompt("warm-up", "chat", "warm-up", "Name three colours.")
 
 
+
+def cpu_description() -> str:
+    """The CPU's model name and family (Linux: /proc/cpuinfo), e.g. "AMD EPYC, family 26";
+    results from different CPUs are not comparable, and a VM's model name can be vague."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family") and key not in fields:
+                    fields[key] = value.strip()
+                if len(fields) == 2:
+                    break
+    except OSError:
+        return platform.processor() or "unknown"
+    name = fields.get("model name") or platform.processor() or "unknown"
+    return f"{name}, family {fields['cpu family']}" if "cpu family" in fields else name
+
+
+def _panel_isa() -> str:
+    """What the reference engine's panel GEMM runs on in this process (Triton's model
+    processes on the same machine choose the same, unless BANDITSPEC_PANEL_ISA differs there)."""
+    from banditspec.engine import panel_kernel
+
+    return panel_kernel.isa() or f"unavailable ({panel_kernel.unavailable_reason()})"
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default=None, help="code, code-edit, chat, mixed, comma-separated, or all "
                         f"(default {FULL['workload']}; --quick: {QUICK['workload']})")
@@ -194,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
                    f"torch {torch.__version__}",
+        "cpu": cpu_description(),
+        "panel kernel": _panel_isa(),
         "wall time": f"{(time.time() - started) / 60:.1f} min",
     }
     paths = write_results(out, command=command_line(sys.argv), setup=setup, usable=usable, skipped=skipped,
