@@ -124,8 +124,10 @@ def load() -> ctypes.CDLL | None:
 def isa(library: ctypes.CDLL | None = None) -> str | None:
     """The vector width the panel GEMM runs on ("avx512" | "avx2"), None when the kernel is unavailable."""
     library = library or load()
-    if library is None:
-        return None
+    return None if library is None else _width(library)
+
+
+def _width(library: ctypes.CDLL) -> str:
     return "avx512" if int(library.bs_panel_isa()) == 512 else "avx2"
 
 
@@ -136,7 +138,7 @@ def set_isa(library: ctypes.CDLL, name: str) -> str:
     if name not in ("avx2", "avx512"):
         raise ValueError(f"isa must be avx2 or avx512, got {name!r}")
     library.bs_panel_set_isa(512 if name == "avx512" else 256)
-    return "avx512" if int(library.bs_panel_isa()) == 512 else "avx2"
+    return _width(library)
 
 
 def unavailable_reason() -> str | None:

@@ -234,13 +234,12 @@ __attribute__((target("avx2,fma"))) static void avx2_block(
  * others four at a time re-read it from L1 and share out the prefetch of the next block
  * (the AVX2 kernel's scheme).
  * Measured on a 2-core Zen 5 VM (SmolLM2-135M, one thread, weights streamed from
- * memory; docs/benchmarks/panel-avx512): a whole prefill 1.4-1.5x faster (its
- * projections ~1.8x); a decoding step over k new tokens 1.04x (k = 1) to 1.06-1.11x
+ * memory; docs/benchmarks/panel-avx512): a whole prefill 1.5-1.7x faster (its
+ * projections ~1.8x); a decoding step over k new tokens 1.0-1.04x (k = 1) to 1.06-1.11x
  * (k = 2..9) and 1.28x (k = 17) faster, paired step by step. Used when the CPU has AVX-512F
  * and bs_panel_set_isa() allowed it (the Python loader does, unless
  * BANDITSPEC_PANEL_ISA=avx2). */
 static int use_avx512 = 0;
-
 
 int bs_panel_avx512_ok(void) {
     __builtin_cpu_init();
@@ -317,7 +316,7 @@ __attribute__((target("avx512f"))) static void z_rows_n(
     }
 }
 
-/* avx2_block on AVX-512: up to five rows stream the block from memory together; more
+/* The block on AVX-512 (avx2_block's job): up to five rows stream the block from memory together; more
  * stream it with their first 1-4 rows, then the other rows four at a time re-read it
  * from L1 and share out the prefetch of the next block. A partial group (fewer than
  * GROUP panels, at the end) goes row by row, panel by panel. */
