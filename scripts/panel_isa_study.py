@@ -1,5 +1,6 @@
-"""The panel GEMM on AVX-512 against AVX2, side by side in one process (the same engine,
-the kernel's width switched between rounds, so the machine's drift hits both alike).
+"""The panel GEMM on AVX-512 against AVX2, side by side in one process (the same engine, the
+kernel's width switched step by step in the decoding loop and round by round for prefills,
+so the machine's drift hits both alike).
 
     .venv/bin/python scripts/panel_isa_study.py OUT_DIR [--threads N] [--rounds R]
 
