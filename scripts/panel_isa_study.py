@@ -31,6 +31,7 @@ from tqdm import tqdm
 from banditspec.engine import panel_kernel
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.reference import ReferenceEngine
+from banditspec_client.bench.engine import decode_greedy
 from banditspec_client.bench.report import markdown_table, pyplot, save_png
 
 KS = (1, 2, 3, 5, 9, 17)
@@ -71,14 +72,11 @@ def prefill_ms(engine: ReferenceEngine, tokens: np.ndarray) -> float:
 
 def greedy_states(engine: ReferenceEngine, prompt: np.ndarray, tokens: int) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens one at a time, then the post-norm states of every decoded position in one call."""
+    greedy, _ = decode_greedy(engine, prompt, tokens)
     engine.clear()
-    sequence = list(prompt)
-    for _ in range(tokens):
-        (result,) = engine.verify([VerifyRequest(np.asarray(sequence, np.int32), _none())])
-        sequence += list(result.output_ids[:1])
-    engine.clear()
-    (result,) = engine.verify([VerifyRequest(np.asarray(sequence, np.int32), _none(), hidden_from=len(prompt))])
-    return sequence[len(prompt):], torch.as_tensor(np.asarray(result.hidden_states)).clone()
+    sequence = np.asarray(list(prompt) + greedy, np.int32)
+    (result,) = engine.verify([VerifyRequest(sequence, _none(), hidden_from=len(prompt))])
+    return greedy, torch.as_tensor(np.asarray(result.hidden_states)).clone()
 
 
 def main() -> int:

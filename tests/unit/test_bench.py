@@ -339,4 +339,6 @@ def test_results_name_the_cpu_and_the_panel_kernel_width(tmp_path, monkeypatch):
     assert bench.cpu_description() == "AMD EPYC, family 26"
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
     assert bench.cpu_description() == "Some CPU"
-    assert bench._panel_isa() in ("avx512", "avx2") or bench._panel_isa().startswith("unavailable")
+    from banditspec.engine import panel_kernel
+
+    assert panel_kernel.describe() in ("avx512", "avx2") or panel_kernel.describe().startswith("unavailable")

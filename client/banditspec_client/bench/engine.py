@@ -61,12 +61,12 @@ def _engine(model_name: str, kernels: str, cache_entries: int = 8):
 
 
 def _impl(engine) -> str:
-    """What an engine's kernels run on: "panel (avx512)" / "panel (avx2)" for the panel kernel."""
+    """What an engine's kernels run on: "panel, avx512" / "panel, avx2" for the panel kernel."""
     if engine.kernel_impl != "panel":
         return engine.kernel_impl
     from banditspec.engine import panel_kernel
 
-    return f"panel ({panel_kernel.isa()})"
+    return f"panel, {panel_kernel.describe()}"
 
 
 def _verify_once(engine, prefix: np.ndarray, k: int, rng: np.random.Generator) -> float:
@@ -79,7 +79,9 @@ def _verify_once(engine, prefix: np.ndarray, k: int, rng: np.random.Generator) -
     return time.perf_counter() - start
 
 
-def _decode(engine, prompt: np.ndarray, tokens: int) -> tuple[list[int], float]:
+def decode_greedy(engine, prompt: np.ndarray, tokens: int) -> tuple[list[int], float]:
+    """``tokens`` greedy tokens after ``prompt``, one verify call each from a cleared engine;
+    (the tokens, seconds taken)."""
     from banditspec.engine.contract import VerifyRequest
 
     engine.clear()
@@ -171,7 +173,7 @@ def run(args) -> int:
         decode, exact, bitwise = {}, {}, {}
         prompt = prefix[:64]
         for name, engine in tqdm(engines.items(), desc="decode rate"):
-            greedy, seconds = _decode(engine, prompt, args.decode_tokens)
+            greedy, seconds = decode_greedy(engine, prompt, args.decode_tokens)
             decode[name] = {"tokens_per_second": args.decode_tokens / seconds, "tokens": greedy}
             exact[name] = _exact_in_blocks(engine, prompt, greedy)
             bitwise[name] = _bitwise_rows(engine, prompt, greedy)
@@ -211,13 +213,14 @@ def _surface(engine, kernels: str, contexts: list[int], ks: list[int], args, rng
     slowest = max(max(v) for t in times.values() for v in t.values())
     if slowest > 20 * min(surface[c][ks[0]] for c in contexts) / 1e3:
         print(f"warning: a call took {1e3 * slowest:.0f} ms (a prefix fell out of the cache?)")
-    result = {"model": args.model, "kernels": kernels, "kernel_impl": _impl(engine), "threads": args.threads,
+    impl = _impl(engine)
+    result = {"model": args.model, "kernels": kernels, "kernel_impl": impl, "threads": args.threads,
               "reps": args.reps, "ks": ks, "contexts": contexts, "verify_ms": surface}
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine_surface.json").write_text(json.dumps(result, indent=1) + "\n")
     rows = [[str(c), *(f"{surface[c][k]:.1f} ({surface[c][k] / surface[c][ks[0]]:.2f})" for k in ks)] for c in contexts]
-    table = (f"Verify cost over k new tokens after C cached tokens: {args.model}, {kernels} kernels ({_impl(engine)}), "
+    table = (f"Verify cost over k new tokens after C cached tokens: {args.model}, {kernels} kernels ({impl}), "
              f"{args.threads} thread(s), min of {args.reps}; ms (ratio to k = {ks[0]} at the same C).\n\n"
              + markdown_table(["C cached", *(f"k = {k}" for k in ks)], rows) + "\n")
     (out / "engine_surface.md").write_text(table)
@@ -241,7 +244,7 @@ def _table(result: dict, kernel_sets: list[str], ks: list[int]) -> str:
         cells = [f"{base:.1f} ms (1.00)"] + [f"{ms[name][k]:.1f} ({ms[name][k] / base:.2f})" for k in ks[1:]]
         agree, total = result["block5_agreement"][name]
         impl = result["kernel_impl"][name]
-        label = name if impl == name else f"{name} ({impl.replace(' (', ', ').rstrip(')')})"
+        label = name if impl == name else f"{name} ({impl})"
         rows.append([label, *cells, f"{result['decode_tokens_per_second'][name]:.1f}", f"{agree}/{total}",
                      "yes" if result["bitwise_rows"][name] else "no"])
     header = ["kernels", *(f"k = {k}" for k in ks), "decode tok/s", "5-token verify = 1-token argmax",

@@ -127,6 +127,12 @@ def isa(library: ctypes.CDLL | None = None) -> str | None:
     return None if library is None else _width(library)
 
 
+def describe() -> str:
+    """What the panel GEMM runs on in this process, for reports: "avx512", "avx2" or
+    "unavailable (why)"."""
+    return isa() or f"unavailable ({unavailable_reason()})"
+
+
 def _width(library: ctypes.CDLL) -> str:
     return "avx512" if int(library.bs_panel_isa()) == 512 else "avx2"
 

@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
+from banditspec.engine import panel_kernel
 from banditspec.errors import BanditSpecValidationError
 from banditspec_client.bench.compare.summary import markdown_report, summarize, summary_dict
 from banditspec_client.bench.methods import DEFAULT_METHODS, FIXED_DRAFTERS, Method, RunRecord, parse_methods
@@ -31,7 +32,6 @@ from banditspec_client.bench.workloads import Prompt, load_workload, parse_workl
 QUICK = {"workload": "mixed", "prompts": 3, "max_tokens": 48}
 FULL = {"workload": "all", "prompts": 4, "max_tokens": 96}
 WARMUP_PROMPT = Prompt("warm-up", "chat", "warm-up", "Name three colours.")
-
 
 
 def cpu_description() -> str:
@@ -52,13 +52,6 @@ def cpu_description() -> str:
     name = fields.get("model name") or platform.processor() or "unknown"
     return f"{name}, family {fields['cpu family']}" if "cpu family" in fields else name
 
-
-def _panel_isa() -> str:
-    """What the reference engine's panel GEMM runs on in this process (Triton's model
-    processes on the same machine choose the same, unless BANDITSPEC_PANEL_ISA differs there)."""
-    from banditspec.engine import panel_kernel
-
-    return panel_kernel.isa() or f"unavailable ({panel_kernel.unavailable_reason()})"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default=None, help="code, code-edit, chat, mixed, comma-separated, or all "
@@ -222,7 +215,9 @@ def run(args: argparse.Namespace) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
                    f"torch {torch.__version__}",
         "cpu": cpu_description(),
-        "panel kernel": _panel_isa(),
+        # this process's choice; Triton's model processes on the machine choose alike
+        # (unless BANDITSPEC_PANEL_ISA differs there)
+        "panel kernel": panel_kernel.describe(),
         "wall time": f"{(time.time() - started) / 60:.1f} min",
     }
     paths = write_results(out, command=command_line(sys.argv), setup=setup, usable=usable, skipped=skipped,
