@@ -15,14 +15,23 @@ from banditspec.config import Limits
 from banditspec.decoder import SpeculativeDecoder
 from banditspec.drafters.registry import build_drafters
 
-DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")
+DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle", "copy")
 
 
 def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int = 9, reps: int = 3,
                          contexts: Sequence[int] = CALIBRATION_CONTEXTS, seed: int = 0) -> None:
     """Seed the decoder's cost model with ``reps`` timed verify calls of the engine per
     (context, k) of :func:`~banditspec.bandits.cost_model.calibration_plan`, so that the
-    model prices k and context from the start (~4 s on a 2-core CPU)."""
+    model prices k and context from the start (~4 s on a 2-core CPU).
+
+    Each timed call is a decoding step as the decoding loop makes it: it continues the
+    sequence the previous call left (the target's own tokens appended) and asks for the
+    target's states as the loop does when a drafter reads them, so the engine extends its
+    cached positions in place. A call that diverged from what the engine holds (the same
+    prefix with another tail every time, as calibration once did) also times a copy of the
+    whole cache (engine/kv_buffer.py): measured here, 30-40 ms against the loop's 22-24 ms
+    for one token after ~300, which priced every length too high, too noisily, and for
+    the lifetime of the cells nothing else fills (short contexts, lengths seldom chosen)."""
     import numpy as np
 
     from banditspec.engine.contract import VerifyRequest
@@ -30,20 +39,33 @@ def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int
     rng = np.random.default_rng(seed)
     model = decoder.cost_model
     top = min(max_tokens, model.max_tokens)
+    hungry = [d for d in decoder.drafters.values() if getattr(d, "needs_hidden_states", False)]
+    states = bool(hungry) and bool(getattr(decoder, "provides_hidden_states", False))
+    layers = tuple(getattr(hungry[0], "feature_layers", ())) if states else ()
+    high = min(20000, engine.vocab_size)
     for cached, ks in calibration_plan(top, contexts):
-        cached = max(1, min(cached, int(getattr(engine, "max_context", 1 << 20)) - top - 1))
-        prefix = rng.integers(100, min(20000, engine.vocab_size), size=cached).astype(np.int32)
-        engine.verify([VerifyRequest(prefix, np.zeros(0, np.int32))])  # caches the prefix
+        growth = 2 + reps * sum(ks)  # the most tokens the calls can append
+        cached = max(1, min(cached, int(getattr(engine, "max_context", 1 << 20)) - growth))
+        sequence = rng.integers(100, high, size=cached).astype(np.int32)
 
-        def timed(k: int, prefix: np.ndarray = prefix) -> float:
-            tail = rng.integers(100, min(20000, engine.vocab_size), size=k).astype(np.int32)
+        def step(k: int) -> float:
+            """One decoding step feeding k tokens (the last one generated and k - 1
+            drafted); the sequence goes on with what the target returned."""
+            nonlocal sequence
+            request = VerifyRequest(sequence, rng.integers(100, high, size=k - 1).astype(np.int32),
+                                    hidden_from=len(sequence) - 1 if states else -1, hidden_layers=layers)
             start = decoder.clock()
-            engine.verify([VerifyRequest(np.concatenate([prefix, tail[:1]]), tail[1:])])
-            return decoder.clock() - start
+            (result,) = engine.verify([request])
+            seconds = decoder.clock() - start
+            sequence = np.concatenate([sequence, np.asarray(result.output_ids, np.int32).reshape(-1)])
+            return seconds
 
+        step(1)  # the prefill (untimed), as a request's first step
+        step(1)  # untimed: the first step after a prefill
         for _ in range(reps):
             for k in ks:
-                model.observe(k, timed(k), cached + 1)
+                context = len(sequence)  # what the loop reports: the tokens before the round
+                model.observe(k, step(k), context)
         if hasattr(engine, "clear"):  # an engine reached through Triton evicts on its own
             engine.clear()
     model.calibrated = True
