@@ -20,6 +20,7 @@ import banditspec.bandits.cost_model as cost_model
 import banditspec.bandits.costaware as costaware
 import banditspec.costaware_rounds as rounds
 import banditspec.decoding as decoding
+import banditspec.drafters.copy_pointer as copy_pointer
 import banditspec.drafters.eagle as eagle
 import banditspec.drafters.pld as pld
 import banditspec.drafters.rest as rest
@@ -57,7 +58,7 @@ for owner, names in ((decoding.DecodingSession, ("next_verify", "apply")), (roun
                      (cost_model.CostModel, ("observe", "observe_overhead", "draft_costs"))):
     for name in names:
         timed(owner, name)
-for module in (pld, suffix_tree, rest):
+for module in (pld, suffix_tree, rest, copy_pointer):
     for _, cls in inspect.getmembers(module, inspect.isclass):
         if cls.__module__ == module.__name__ and cls.__name__.endswith("Session") and hasattr(cls, "propose"):
             timed(cls, "propose")

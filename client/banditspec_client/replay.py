@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--max-draft-len", type=int, default=DEFAULT_MAX_DRAFT_LEN, help="L of the replayed policies")
     parser.add_argument("--record-len", type=int, default=8, help="tokens recorded per proposal (>= L)")
-    parser.add_argument("--drafters", default="pld,suffix,rest",
+    parser.add_argument("--drafters", default="pld,suffix,rest,copy",
                         help="drafters to record and replay; eagle (costly: proposes only when chosen) is recorded "
                              "from the target's states at every position, once, beside the cheap ones")
     parser.add_argument("--eagle-cost", default=EAGLE_COST,

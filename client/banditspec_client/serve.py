@@ -498,7 +498,7 @@ def _prebuild(model: str, overrides: Mapping[str, Mapping[str, str]]) -> None:
     from banditspec.engine.models import model_dir
 
     model_dir(model)
-    drafters = overrides.get("banditspec", {}).get("drafters", "pld,suffix,rest")
+    drafters = overrides.get("banditspec", {}).get("drafters", "pld,suffix,rest,copy")
     datastore = overrides.get("banditspec", {}).get("rest_datastore", "default")
     if "rest" in drafters and datastore in ("", "default"):
         from banditspec.drafters.rest_datastore import default_datastore

@@ -224,7 +224,7 @@ def banditspec_parameters(spec: BuildSpec) -> dict[str, str]:
     """banditspec parameters set after filling: the Eagle arm is served only when built."""
     if spec.eagle_hf is None:
         return {}
-    return {"drafters": "pld,suffix,rest,draft,eagle", "eagle_model": EAGLE_MODEL}
+    return {"drafters": "pld,suffix,rest,copy,draft,eagle", "eagle_model": EAGLE_MODEL}
 
 
 def copy_tokenizer(spec: BuildSpec) -> None:

@@ -77,7 +77,7 @@ class ServingConfig:
     target_name: str = "target"  # the Triton model that verifies
     tokenizer_dir: str = ""  # "": the target checkpoint's tokenizer
     max_context: int = 2048
-    drafters: tuple[str, ...] = ("pld", "suffix", "rest")
+    drafters: tuple[str, ...] = ("pld", "suffix", "rest", "copy")
     eagle_model: str = ""  # the Triton model of the Eagle head; "": in this process
     eagle_head: str = ""  # the shipped head: "" (default) | eagle1 | eagle3; the eagle model's must match
     rest_datastore: Path | None = None  # None: the default datastore
@@ -112,7 +112,7 @@ class ServingConfig:
             target_name=p.text("target_name", "target"),
             tokenizer_dir=p.text("tokenizer_dir", ""),
             max_context=p.integer("max_context", 2048, low=1),
-            drafters=p.names("drafters", "pld,suffix,rest"),
+            drafters=p.names("drafters", "pld,suffix,rest,copy"),
             eagle_model=p.text("eagle_model", "").strip(),
             eagle_head=check_eagle_head(p.text("eagle_head", "")),
             rest_datastore=None if datastore in ("", "default") else Path(datastore),

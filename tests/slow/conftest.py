@@ -10,4 +10,4 @@ def smollm2_stack():
     """The whole in-process stack over SmolLM2 ("fast" kernels) with every drafter, Eagle included."""
     from banditspec.runtime import load_local
 
-    return load_local("smollm2", arms=("pld", "suffix", "rest", "eagle"))
+    return load_local("smollm2", arms=("pld", "suffix", "rest", "eagle", "copy"))

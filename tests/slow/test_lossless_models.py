@@ -60,16 +60,16 @@ def check_all(stack, max_draft_len: int = 4) -> int:
 def tiny_stack():
     from banditspec.runtime import load_local
 
-    return load_local("tiny", arms=("pld", "suffix", "rest"))
+    return load_local("tiny", arms=("pld", "suffix", "rest", "copy"))
 
 
 def test_every_policy_and_arm_is_lossless_on_smollm2(smollm2_stack):
-    assert set(smollm2_stack.decoder.drafters) == {"pld", "suffix", "rest", "eagle"}
+    assert set(smollm2_stack.decoder.drafters) == {"pld", "suffix", "rest", "eagle", "copy"}
     assert check_all(smollm2_stack) == len(lossless_prompts()) * len(methods(smollm2_stack))
 
 
 def test_every_policy_and_arm_is_lossless_on_the_tiny_model(tiny_stack):
-    assert set(tiny_stack.decoder.drafters) == {"pld", "suffix", "rest"}
+    assert set(tiny_stack.decoder.drafters) == {"pld", "suffix", "rest", "copy"}
     assert check_all(tiny_stack) == len(lossless_prompts()) * len(methods(tiny_stack))
 
 

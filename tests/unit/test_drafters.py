@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from banditspec.drafters.copy_pointer import CopyPointerDrafter
 from banditspec.drafters.pld import PromptLookupDrafter
 from banditspec.drafters.registry import DRAFTER_NAMES, make_drafter
 from banditspec.drafters.rest import RestDrafter
@@ -390,11 +391,88 @@ def test_rest_validation(small_store, tmp_path):
     assert err.value.field == "rest_datastore"
 
 
+# ------------------------------------------------------------------------- copy pointer
+
+# A prompt holding a source "5 6 7 8 9 10 11 12" and, elsewhere, "6 7" followed by other tokens.
+SOURCE = [5, 6, 7, 8, 9, 10, 11, 12]
+COPY_PROMPT = [100, *SOURCE, 101, 6, 7, 30, 31, 102]
+
+
+def test_copy_pointer_keeps_copying_where_prompt_lookup_jumps_to_the_latest_occurrence():
+    copy = CopyPointerDrafter().start(COPY_PROMPT)
+    pld = PromptLookupDrafter(max_ngram=3).start(COPY_PROMPT)
+    for session in (copy, pld):
+        session.observe([5, 6])
+    assert proposal(copy, 4) == [7, 8, 9, 10]  # after "5 6" the copy of the source goes on
+    copy.observe([7])
+    pld.observe([7])
+    assert proposal(copy, 3) == [8, 9, 10]
+    assert copy.propose(3).match_len == 2 + 1  # the anchoring bigram and the token copied since
+    # prompt lookup: the latest "6 7" (a 3-gram "5 6 7" would find the source, but after an
+    # edit the 3-gram is gone): its proposal there is the other place's continuation
+    other = PromptLookupDrafter(max_ngram=2).start(COPY_PROMPT)
+    other.observe([5, 6, 7])
+    assert proposal(other, 2) == [30, 31]
+
+
+def test_copy_pointer_after_an_edit_picks_the_copy_up_forward_of_where_it_got_to():
+    copy = CopyPointerDrafter().start(COPY_PROMPT)
+    copy.observe([5, 6, 7, 42])  # 8 edited into 42: the copy broke, nothing to propose
+    assert proposal(copy, 3) == []
+    copy.observe([10, 11])  # back on the source: re-anchored on "10 11"
+    assert proposal(copy, 3) == [12, 101, 6]
+    assert copy.propose(1).match_len == 2
+    # "1 2 3" occurs three times, each followed by its own tokens
+    prompt = [1, 2, 3, 50, 60, 1, 2, 3, 51, 61, 1, 2, 3, 52, 62, 99]
+    copy = CopyPointerDrafter().start(prompt)
+    copy.observe([60, 1, 2])  # copying from after "50": the middle "1 2 3"
+    assert proposal(copy, 2) == [3, 51]
+    copy.observe([9, 2, 3])  # an edit, then "2 3": the first occurrence past where the copy got to,
+    assert proposal(copy, 2) == [51, 61]  # the middle one again
+    latest = PromptLookupDrafter(max_ngram=2).start(prompt)
+    latest.observe([60, 1, 2, 9, 2, 3])
+    assert proposal(latest, 2) == [52, 62]  # where prompt lookup takes the latest
+    behind = CopyPointerDrafter().start(prompt)
+    behind.observe([52, 62, 7, 1, 2])  # past every "1 2": the first one
+    assert proposal(behind, 2) == [3, 50]
+    assert CopyPointerDrafter().start([1, 2, 3, 1, 2]).propose(3).token_ids.tolist() == [3, 1, 2]  # from the prompt alone
+
+
+def test_copy_pointer_sessions_agree_however_the_tokens_arrive_and_validate():
+    rng = random.Random(3)
+    prompt = [rng.randrange(20) for _ in range(200)]
+    output = [rng.randrange(20) for _ in range(100)]
+    one, chunked = CopyPointerDrafter().start(prompt), CopyPointerDrafter().start(prompt)
+    i = 0
+    while i < len(output):
+        step = rng.randrange(1, 6)
+        for token in output[i : i + step]:
+            one.observe([token])
+        chunked.observe(output[i : i + step])
+        assert proposal(one, 8) == proposal(chunked, 8)
+        assert one.propose(8).match_len == chunked.propose(8).match_len
+        i += step
+    assert proposal(one, 0) == []
+    assert one.context_len == 300
+    one.close(finished=True)
+    assert one.context_len == 0 and proposal(one, 4) == []
+    for bad in (0, 1.5, True):
+        with pytest.raises(BanditSpecValidationError) as err:
+            CopyPointerDrafter(ngram=bad)
+        assert err.value.field == "ngram"
+    with pytest.raises(BanditSpecValidationError) as err:
+        chunked.observe([-1])
+    assert err.value.field == "new_tokens"
+    with pytest.raises(BanditSpecValidationError) as err:
+        chunked.propose(-1)
+    assert err.value.field == "max_len"
+
+
 # ------------------------------------------------------------------------- registry
 
 
 def test_registry_builds_each_drafter(small_store):
-    assert DRAFTER_NAMES == ("pld", "suffix", "rest")
+    assert DRAFTER_NAMES == ("pld", "suffix", "rest", "copy")
     for name in DRAFTER_NAMES:
         drafter = make_drafter(name, rest_datastore=small_store)
         assert drafter.name == name

@@ -122,7 +122,7 @@ def test_eagle_arm_is_built_only_when_asked_for(tmp_path):
     assert convert[convert.index("--eagle_model_dir") + 1] == str(tmp_path / "eagle")
     assert engine["--speculative_decoding_mode"] == "eagle"
     assert engine["--checkpoint_dir"] == str(spec.checkpoint_dir("eagle"))
-    assert build.banditspec_parameters(spec) == {"drafters": "pld,suffix,rest,draft,eagle", "eagle_model": "eagle"}
+    assert build.banditspec_parameters(spec) == {"drafters": "pld,suffix,rest,copy,draft,eagle", "eagle_model": "eagle"}
     assert build.banditspec_parameters(_spec(tmp_path)) == {}
 
 

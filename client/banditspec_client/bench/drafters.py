@@ -29,7 +29,7 @@ WIDTHS = ("<8", "<8", ">7", ">9.1f", ">9.1f", ">9.1f", ">6.2f", ">8.2f")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--drafters", default="pld,suffix,rest", help="comma-separated drafter names")
+    parser.add_argument("--drafters", default="pld,suffix,rest,copy", help="comma-separated drafter names")
     parser.add_argument("--contexts", default="512,2048,4096", help="comma-separated context lengths")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="code and/or chat")
     parser.add_argument("--steps", type=int, default=200, help="measured steps per configuration")

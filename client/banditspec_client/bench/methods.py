@@ -20,9 +20,9 @@ from typing import Sequence
 from banditspec.config import MAX_SPECULATION_LENGTH, REWARD_CHOICES
 from banditspec.errors import BanditSpecValidationError
 
-FIXED_DRAFTERS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle")
+FIXED_DRAFTERS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle", "copy")
 ADAPTIVE_POLICIES: tuple[str, ...] = ("costaware", "ucbspec", "exp3spec")
-DEFAULT_METHODS = "vanilla,pld,suffix,rest,eagle,costaware,ucbspec,exp3spec"
+DEFAULT_METHODS = "vanilla,pld,suffix,rest,eagle,copy,costaware,ucbspec,exp3spec"
 VANILLA = "vanilla"
 
 

@@ -1,8 +1,8 @@
 """The one drafter factory: every drafter a process serves is built here, by name.
 
-* :func:`make_drafter`: one non-parametric drafter (``pld``, ``suffix``, ``rest``) with options;
+* :func:`make_drafter`: one non-parametric drafter (``pld``, ``suffix``, ``rest``, ``copy``) with options;
 * :func:`build_drafters`: the drafters of a deployment or of an in-process stack, by name:
-  those three, ``eagle`` (the head in this process, the ``eagle`` Triton model through BLS,
+  those four, ``eagle`` (the head in this process, the ``eagle`` Triton model through BLS,
   or a TensorRT-LLM Eagle engine), ``draft`` (a separate draft engine), and those of a
   drafter plug-in (a Python file outside the package, e.g. the tests' fault drafters).
   An arm the deployment cannot serve is left out (logged).
@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from banditspec.drafters.base import Drafter
 from banditspec.errors import BanditSpecValidationError
 
-DRAFTER_NAMES: tuple[str, ...] = ("pld", "suffix", "rest")
+DRAFTER_NAMES: tuple[str, ...] = ("pld", "suffix", "rest", "copy")
 log = logging.getLogger(__name__)
 
 
@@ -41,6 +41,10 @@ def drafter_class(name: str) -> type:
         from banditspec.drafters.rest import RestDrafter
 
         return RestDrafter
+    if name == "copy":
+        from banditspec.drafters.copy_pointer import CopyPointerDrafter
+
+        return CopyPointerDrafter
     raise BanditSpecValidationError("arms", f"unknown drafter {name!r}; expected one of {', '.join(DRAFTER_NAMES)}")
 
 
@@ -48,7 +52,8 @@ def make_drafter(name: str, *, tokenizer: Any = None, rest_datastore: Path | Non
     """A drafter shared by all requests of a process.
 
     name: one of :data:`DRAFTER_NAMES`. options: keyword arguments of the drafter's class
-    (e.g. ``max_ngram`` for pld, ``max_depth``/``alpha`` for suffix, ``max_suffix`` for rest).
+    (e.g. ``max_ngram`` for pld, ``max_depth``/``alpha`` for suffix, ``max_suffix`` for rest,
+    ``ngram`` for copy).
     rest_datastore: the REST datastore folder (configuration, never a request); when None the
     default datastore is built once (needs ``tokenizer``, default: the SmolLM2 tokenizer).
     """
