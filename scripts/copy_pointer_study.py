@@ -9,6 +9,7 @@ traces as ``banditspec replay`` records them, cached).
 
 import argparse
 import sys
+from pathlib import Path
 
 from banditspec.drafters.copy_pointer import CopyPointerDrafter
 from banditspec.replay import record_proposals, replay_policy
@@ -56,5 +57,6 @@ for label, ngram, without in VARIANTS:
         speeds.append(sum(plain[i]["seconds"] for i in idx) / sum(rows[i]["seconds"] for i in idx))
     lines.append(f"| {label} | " + " | ".join(f"{s:.3f}x" for s in speeds) + " |")
     print(lines[-1], flush=True)
+Path(out).parent.mkdir(parents=True, exist_ok=True)
 with open(out, "w") as f:
     f.write("\n".join(lines) + "\n\nEvery replayed output identical to plain decoding.\n")
