@@ -19,13 +19,13 @@ def row(workload: str, prompt: int, setting: str, record) -> tuple:
             sum(rest), len(rest), record.output_digest)
 
 
-def report(rows: list, first: str, second: str, out: str) -> None:
+def report(rows: list, first: str, second: str, out: str, workloads: tuple[str, ...] = WORKLOADS) -> None:
     """Writes the rows to ``out`` (JSON) and prints, per workload and pooled, tokens/s of
     ``first`` over ``second`` (overall and decode only), their ms outside the target per
     step, and whether every prompt's outputs were identical."""
     with open(out, "w") as f:
         json.dump({"columns": COLUMNS, "rows": rows}, f)
-    for w in (*WORKLOADS, "all"):
+    for w in (*workloads, "all"):
         agg = {}
         if not any(w == "all" or r[0] == w for r in rows):
             continue  # a workload the script did not run

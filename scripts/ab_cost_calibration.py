@@ -53,8 +53,4 @@ for i, p in enumerate(prompts):
         rows.append(row(p.kind, i, method.name, runner.run(p, method, tokens)))
 for name, method in (("new", new), ("old", old)):
     print(name, "cost model relative at 300:", runner._decoder(method).cost_model.relative(300)[:9])
-workloads = sorted({r[0] for r in rows})
-import ab_common  # noqa: E402  (the report's workloads: this file's kinds)
-
-ab_common.WORKLOADS = tuple(workloads)
-report(rows, "costaware-new", "costaware-old", out)
+report(rows, "costaware-new", "costaware-old", out, tuple(sorted({r[0] for r in rows})))

@@ -6,7 +6,7 @@ per request."""
 from __future__ import annotations
 
 import time
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import SharedAcceptance
@@ -80,6 +80,15 @@ class SpeculativeDecoder:
         return resolve_policy(
             request.policy, arm_names, max_draft_len=request.max_draft_len, known_drafters=list(self.drafters)
         )
+
+    def state_readers(self, names: Iterable[str]) -> tuple[list[Drafter], tuple[int, ...]]:
+        """The drafters among ``names`` that read the target's states (Eagle), when the
+        target provides them, and the decoder layers they read (() = the last hidden state;
+        EAGLE-3: decoder-layer outputs): what a decoding step asks the target for."""
+        if not self.provides_hidden_states:
+            return [], ()
+        readers = [self.drafters[n] for n in names if getattr(self.drafters[n], "needs_hidden_states", False)]
+        return readers, tuple(getattr(readers[0], "feature_layers", ())) if readers else ()
 
     def start(self, request: GenerationRequest) -> DecodingSession:
         validate_request(request, max_context=self.max_context, vocab_size=self.vocab_size, limits=self.limits)

@@ -18,7 +18,7 @@ across requests (drafters, limits, engine facts, server-wide statistics) is the
 
 from __future__ import annotations
 
-from typing import Callable, Generator, Protocol
+from typing import Callable, Generator, Iterable, Protocol
 
 import numpy as np
 
@@ -58,6 +58,8 @@ class DecoderView(Protocol):
     shared_acceptance: SharedAcceptance
     clock: Callable[[], float]
 
+    def state_readers(self, names: Iterable[str]) -> tuple[list[Drafter], tuple[int, ...]]: ...
+
 
 class DecodingSession:
     """One request's decoding state; see the module docstring for the step protocol."""
@@ -96,16 +98,11 @@ class DecodingSession:
         used = sorted({a.drafter for a in arms if a.drafter})
         self._drafters = RequestDrafters(decoder.drafters, used, self._prompt, vocab_size=decoder.vocab_size,
                                          deadline_s=decoder.drafter_deadline_s, on_drop=self._drop_arms)
-        self._needs_hidden = decoder.provides_hidden_states and any(
-            getattr(decoder.drafters[n], "needs_hidden_states", False) for n in self._drafters.names()
-        )
+        # The target states the feature-hungry drafters read (EAGLE-3: decoder-layer outputs)
+        hungry, self._hidden_layers = decoder.state_readers(self._drafters.names())
+        self._needs_hidden = bool(hungry)
         self._hidden_from = 0
-        # The target states the feature-hungry drafter reads (EAGLE-3: decoder-layer outputs)
-        self._hidden_layers: tuple[int, ...] = ()
         if self._needs_hidden:
-            hungry = [decoder.drafters[n] for n in self._drafters.names()
-                      if getattr(decoder.drafters[n], "needs_hidden_states", False)]
-            self._hidden_layers = tuple(getattr(hungry[0], "feature_layers", ()))
             # A head with a window on the prompt reads only its latest positions: the first
             # step asks for those states alone (and a cached prefix is reused up to them).
             windows: list[int] = [w for d in hungry if (w := getattr(d, "prompt_window", None)) is not None]

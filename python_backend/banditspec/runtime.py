@@ -39,9 +39,8 @@ def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int
     rng = np.random.default_rng(seed)
     model = decoder.cost_model
     top = min(max_tokens, model.max_tokens)
-    hungry = [d for d in decoder.drafters.values() if getattr(d, "needs_hidden_states", False)]
-    states = bool(hungry) and bool(getattr(decoder, "provides_hidden_states", False))
-    layers = tuple(getattr(hungry[0], "feature_layers", ())) if states else ()
+    readers, layers = decoder.state_readers(decoder.drafters)
+    states = bool(readers)
     high = min(20000, engine.vocab_size)
     for cached, ks in calibration_plan(top, contexts):
         growth = 2 + reps * sum(ks)  # the most tokens the calls can append

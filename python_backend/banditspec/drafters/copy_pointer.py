@@ -17,7 +17,7 @@ prompt, both may jump to another place. This drafter follows the copy instead:
   the last position copied (the copy goes on forward), else to the first occurrence.
 
 Replayed over the project's traces as one more arm of costaware (docs/benchmarks,
-seventeenth session): code-edit +5-6 % decode speed, code +4-5 %, chat within +-0.7 %, on
+seventeenth session): code-edit +6-7 % decode speed, code +4-5 %, chat within +-0.6 %, on
 tuning, held-out and unseen prompts alike; ``ngram`` 2 replayed better than 1 or 3, and
 neither a window around the broken copy nor a guess during an edit (that it replaced as many
 tokens as it produced) added anything, so neither is here. As a fixed arm alone it is weaker
