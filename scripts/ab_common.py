@@ -6,6 +6,7 @@ seconds, ms outside the target over the decode steps, decode steps, output diges
 """
 
 import json
+from typing import Callable, Iterable, Sequence
 
 COLUMNS = ["workload", "prompt", "method", "tokens", "seconds", "decode_seconds", "rest_of_steps_ms", "decode_steps",
            "digest"]
@@ -17,6 +18,20 @@ def row(workload: str, prompt: int, setting: str, record) -> tuple:
     rest = [s - v for s, v in zip(record.step_ms[1:], record.verify_ms[1:])]
     return (workload, prompt, setting, record.generated_tokens, record.seconds, sum(record.step_ms[1:]) / 1000,
             sum(rest), len(rest), record.output_digest)
+
+
+def interleaved(prompts: Iterable[tuple[str, Sequence]], methods: Sequence, run: Callable, bar=None) -> list:
+    """Rows of ``run(prompt, method)`` (a RunRecord) for each (workload, its prompts) in
+    ``prompts``, the methods interleaved per prompt, their order alternating (so that a
+    drift of the machine's speed falls on both alike); ``bar``: a tqdm bar to advance."""
+    rows = []
+    for workload, workload_prompts in prompts:
+        for i, prompt in enumerate(workload_prompts):
+            for method in (methods if i % 2 == 0 else methods[::-1]):
+                rows.append(row(workload, i, method.name, run(prompt, method)))
+                if bar is not None:
+                    bar.update()
+    return rows
 
 
 def report(rows: list, first: str, second: str, out: str, workloads: tuple[str, ...] = WORKLOADS) -> None:

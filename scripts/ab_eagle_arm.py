@@ -17,7 +17,7 @@ from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import load_workload
 
-from ab_common import report, row
+from ab_common import interleaved, report
 
 torch.set_num_threads(1)
 n, skip, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -43,9 +43,5 @@ class Runner(InProcessRunner):
 
 runner = Runner(RunSettings())
 assert "eagle" in runner.adaptive_arms, runner.unavailable
-rows = []
-for w in ("code", "code-edit", "chat"):
-    for i, p in enumerate(load_workload(w, skip + n)[skip:]):
-        for m in (methods if i % 2 == 0 else methods[::-1]):
-            rows.append(row(w, i, m.name, runner.run(p, m, 64)))
-report(rows, "no-eagle", "with-eagle", out)
+prompts = [(w, load_workload(w, skip + n)[skip:]) for w in ("code", "code-edit", "chat")]
+report(interleaved(prompts, methods, lambda p, m: runner.run(p, m, 64)), "no-eagle", "with-eagle", out)

@@ -15,7 +15,7 @@ from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import load_workload
 
-from ab_common import WORKLOADS, report, row
+from ab_common import WORKLOADS, interleaved, report
 
 n, seed, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 base = parse_methods("costaware")[0]
@@ -41,10 +41,7 @@ class Runner(through_triton.TritonRunner):
             serve.TritonServer = original
 
 
-rows = []
 with Runner(RunSettings(threads=1), methods) as runner:
-    for w in WORKLOADS:
-        for i, p in enumerate(load_workload(w, n, seed=seed)):
-            for m in (methods if i % 2 == 0 else methods[::-1]):
-                rows.append(row(w, i, m.name, runner.run(p, m, 64)))
+    rows = interleaved([(w, load_workload(w, n, seed=seed)) for w in WORKLOADS], methods,
+                       lambda p, m: runner.run(p, m, 64))
 report(rows, "local", "remote", out)

@@ -16,18 +16,20 @@ from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import load_workload
 
-from ab_common import WORKLOADS, report, row
+from ab_common import WORKLOADS, interleaved, report
 
 torch.set_num_threads(1)
 n, seed, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 base = parse_methods("costaware")[0]
 methods = [dataclasses.replace(base, name="lazy"), dataclasses.replace(base, name="eager")]
 runner = InProcessRunner(RunSettings())
-rows = []
-for w in WORKLOADS:
-    for i, p in enumerate(load_workload(w, n, seed=seed)):
-        for m in (methods if i % 2 == 0 else methods[::-1]):
-            RestDrafter.proposes_lazily = m.name == "lazy"
-            rows.append(row(w, i, m.name, runner.run(p, m, 64)))
+
+
+def run(prompt, method):
+    RestDrafter.proposes_lazily = method.name == "lazy"
+    return runner.run(prompt, method, 64)
+
+
+rows = interleaved([(w, load_workload(w, n, seed=seed)) for w in WORKLOADS], methods, run)
 RestDrafter.proposes_lazily = True
 report(rows, "lazy", "eager", out)

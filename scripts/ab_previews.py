@@ -16,7 +16,7 @@ from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import load_workload
 
-from ab_common import WORKLOADS, report, row
+from ab_common import WORKLOADS, interleaved, report
 
 torch.set_num_threads(1)
 n, seed, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -25,13 +25,14 @@ methods = [dataclasses.replace(base, name="previews"), dataclasses.replace(base,
 runner = InProcessRunner(RunSettings())
 eagle = runner.shared_drafters["eagle"]
 default = eagle.previews
-rows = []
+
+
+def run(prompt, method):
+    eagle.previews = method.name == "previews"
+    return runner.run(prompt, method, 64)
+
+
 with tqdm(total=len(WORKLOADS) * n * 2) as bar:
-    for w in WORKLOADS:
-        for i, p in enumerate(load_workload(w, n, seed=seed)):
-            for m in (methods if i % 2 == 0 else methods[::-1]):
-                eagle.previews = m.name == "previews"
-                rows.append(row(w, i, m.name, runner.run(p, m, 64)))
-                bar.update()
+    rows = interleaved([(w, load_workload(w, n, seed=seed)) for w in WORKLOADS], methods, run, bar)
 eagle.previews = default
 report(rows, "previews", "blind", out)

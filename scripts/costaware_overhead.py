@@ -2,9 +2,10 @@
 each drafter's calls timed with perf_counter wrappers (inclusive times: a caller's figure
 contains its callees'), in process, default settings, 64 tokens, 1 torch thread.
 
-    .venv/bin/python scripts/costaware_overhead.py PROMPTS_PER_WORKLOAD SKIP OUT.md
+    .venv/bin/python scripts/costaware_overhead.py PROMPTS_PER_WORKLOAD SKIP OUT.md [WORKLOADS]
 
-Prompts: each workload's SKIP .. SKIP + N - 1 (code, code-edit, chat). The wrappers add
+Prompts: each workload's SKIP .. SKIP + N - 1 (WORKLOADS, comma-separated; default
+code,code-edit,chat). The wrappers add
 ~1 µs a call; the first request (a warm-up of 16 tokens) is not counted.
 """
 
@@ -65,10 +66,11 @@ for module in (pld, suffix_tree, rest, copy_pointer):
             timed(cls, "observe")
 
 n, skip, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+workloads = sys.argv[4].split(",") if len(sys.argv) > 4 else ["code", "code-edit", "chat"]
 torch.set_num_threads(1)
 runner = InProcessRunner(RunSettings())
 method = parse_methods("costaware")[0]
-prompts = [p for w in ("code", "code-edit", "chat") for p in load_workload(w, skip + n)[skip:]]
+prompts = [p for w in workloads for p in load_workload(w, skip + n)[skip:]]
 runner.run(prompts[0], method, 16)
 seconds.clear()
 calls.clear()

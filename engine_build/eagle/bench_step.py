@@ -7,7 +7,7 @@ one drafted token; T = 2-5: a round's catch-up), both runners interleaved, media
 forward does between two of the head's calls in serving (the head's weights are then read
 from memory again). Same outputs either way (tests/unit/test_eagle.py).
 
-    .venv/bin/python engine_build/eagle/bench_step.py [--repeats 40]
+    .venv/bin/python engine_build/eagle/bench_step.py [--repeats 40] [--pairs 1 4 16]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--pairs", type=int, nargs="+", default=[1, 4, 16], help="new pairs T per call")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from banditspec.drafters.eagle import DEFAULT_INT8, DEFAULT_WEIGHTS, int8_head, load_eagle_head
@@ -55,7 +56,7 @@ def main() -> int:
                 if runner is not None:
                     caches[name] = runner.new_cache()
                     runner.step(prefix_e, prefix_f, caches[name])
-            for new in (1, 4, 16):
+            for new in args.pairs:
                 e, f = torch.randn(1, new, hidden), torch.randn(1, new, hidden)
                 for state in ("warm", "cold"):
                     times: dict[str, list[float]] = {name: [] for name in runners}

@@ -593,3 +593,43 @@ def test_a_proposals_match_length_and_its_drafters_last_outcome_reach_the_contro
     # "short": match length 1, first no previous one, then always wrong (+8)
     assert offered["short"][1] == pytest.approx(1, abs=0.1) and offered["short"][9] > 5
     assert offered["short"].sum() == pytest.approx(offered["short"][1] + offered["short"][9])
+
+
+def test_curve_is_shared_per_context_until_the_fit_or_the_overhead_changes():
+    """curve(context) is memoised (a round asks for it two or three times): the same
+    read-only array while nothing changed, a new one after a refit or a new overhead, and
+    always what a fresh model over the same observations gives."""
+    model = CostModel(4, min_observations=1, window=10)  # young: refits after each observation
+    for k, seconds in ((1, 0.010), (2, 0.012), (4, 0.020)):
+        model.observe(k, seconds, 100)
+    first = model.curve(100)
+    assert model.curve(100) is first
+    with pytest.raises(ValueError):
+        first[1] = 0.0  # read-only: a caller cannot change what the next one reads
+    model.observe_overhead(0.001)
+    after_overhead = model.curve(100)
+    assert after_overhead is not first
+    assert after_overhead[1:].tolist() == pytest.approx((first[1:] + 0.001).tolist())
+    model.observe(1, 0.030, 100)  # young model: refits on the next read
+    refitted = model.curve(100)
+    fresh = CostModel(4, min_observations=1, window=10)
+    for k, seconds in ((1, 0.010), (2, 0.012), (4, 0.020), (1, 0.030)):
+        fresh.observe(k, seconds, 100)
+    fresh.observe_overhead(0.001)
+    assert refitted.tolist() == fresh.curve(100).tolist()
+    assert refitted[1] > after_overhead[1]
+
+
+def test_best_follows_a_drafters_new_outcomes():
+    """best() caches a drafter's hazards per context; a recorded outcome must refresh them
+    (a stale cache would keep choosing a drafter that has started to fail)."""
+    model = CostModel.fixed([1.0, 1.5, 2.0, 2.5, 3.0])
+    policy = CostAwarePolicy(["a"], 4, model)
+    candidate = [Candidate("a", 4, bucket=3)]
+    before = policy.best(candidate, 4)
+    assert before.drafter is None  # the pessimistic prior: plain decoding
+    for _ in range(20):
+        policy.record("a", 3, 4, 4, 5)
+    after = policy.best(candidate, 4)
+    assert after.drafter == "a" and after.gamma == 4
+    assert after.expected_tokens > 4.0

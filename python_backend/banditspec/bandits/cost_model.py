@@ -126,6 +126,9 @@ class CostModel:
         self._stale = 0  # observations since the fit
         self._seen = 0  # observations in all
         self._draft_cached: dict[str, tuple[float, float]] | None = None
+        # curve(context) for the current fit and overhead (a round asks for the same
+        # context two or three times): read-only arrays, emptied when either changes
+        self._curves: dict[int | None, np.ndarray] = {}
         self.calibrated = False
 
     # -- observations ----------------------------------------------------------------
@@ -155,6 +158,7 @@ class CostModel:
             self._overhead_n += 1
             rate = max(0.05, 1.0 / self._overhead_n)
             self._overhead += rate * (float(seconds) - self._overhead)
+            self._curves.clear()
 
     def observe_draft(self, drafter: str, tokens: int, seconds: float) -> None:
         """One proposal of a costly ``drafter`` produced ``tokens`` tokens (0: it declined)
@@ -180,12 +184,18 @@ class CostModel:
     def curve(self, context: int | None = None) -> np.ndarray:
         """float64 [max_tokens + 1]: seconds per round feeding k tokens after ``context``
         tokens (None: the reference context, the observations' mean), overhead included
-        (index k >= 1; index 0 unused); non-decreasing in k."""
+        (index k >= 1; index 0 unused); non-decreasing in k. Read-only: the array is shared by
+        the calls at the same context until the fit or the overhead changes."""
         with self._lock:
             fit = self._current()
-            overhead = self._overhead
-        out = fit.at(context)
-        out[1:] += overhead
+            out = self._curves.get(context)
+            if out is None:
+                if len(self._curves) >= 64:
+                    self._curves.clear()
+                out = fit.at(context)
+                out[1:] += self._overhead
+                out.setflags(write=False)
+                self._curves[context] = out
         return out
 
     def verify_seconds(self, tokens: int, context: int | None = None) -> float:
@@ -203,6 +213,7 @@ class CostModel:
         if self._fit is None or self._stale >= (1 if young else REFIT_EVERY):
             self._fit = self._estimate()
             self._stale = 0
+            self._curves.clear()
         return self._fit
 
     def _estimate(self) -> _Fit:

@@ -208,6 +208,9 @@ class CostAwarePolicy:
             prior.accepted[:, :width] = snap.accepted[:, :width] * scale
             self.prior[d] = prior
         self.rounds = 0
+        # drafter -> {bucket: its hazards as a list}, for best(); a drafter's entry is
+        # dropped when it records (its counts change; the prior does not)
+        self._hazard_lists: dict[str, dict[int, list[float]]] = {}
 
     # -- estimates -------------------------------------------------------------------
     def _hazard(self, drafter: str, bucket: int | slice) -> np.ndarray:
@@ -221,6 +224,15 @@ class CostAwarePolicy:
         # A context seen rarely leans on the pessimistic prior (mean a0 / (a0 + b0)); leaning
         # on the drafter's rate over all its contexts instead replayed 0.5-1.5 % slower.
         return (accepted + self._a0) / (offered + self._a0 + self._b0)
+
+    def _hazard_list(self, drafter: str, bucket: int) -> list[float]:
+        """:meth:`_hazard` of one bucket as a list, cached until ``drafter`` records (the
+        cache's own list: read, or slice before changing it)."""
+        lists = self._hazard_lists.setdefault(drafter, {})
+        hazard = lists.get(bucket)
+        if hazard is None:
+            hazard = lists[bucket] = self._hazard(drafter, bucket).tolist()
+        return hazard
 
     def survival(self, drafter: str, bucket: int, optimistic: bool = False) -> np.ndarray:
         """float64 [L]: P(accepted >= j), j = 1..L, for a draft of L tokens."""
@@ -263,7 +275,7 @@ class CostAwarePolicy:
             top = min(candidate.max_gamma, cap)
             if top <= 0:
                 continue
-            hazard = self._hazard(candidate.drafter, candidate.bucket)[:top].tolist()
+            hazard = self._hazard_list(candidate.drafter, candidate.bucket)[:top]
             if candidate.costly and not candidate.previewed:
                 hazard[0] = min(1.0, hazard[0] + self._bonus(candidate.drafter, candidate.bucket))
             per_call, per_token = candidate.draft_seconds_per_call, candidate.draft_seconds_per_token
@@ -317,6 +329,8 @@ class CostAwarePolicy:
         if counts is None:
             return already
         done = counts.record(bucket, proposed, accepted, known, 1.0, already)
+        if done > already:
+            self._hazard_lists.pop(drafter, None)
         if self.shared is not None and done > already:
             self.shared.record(drafter, bucket, proposed, accepted, known, already)
         return done

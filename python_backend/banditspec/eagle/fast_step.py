@@ -41,9 +41,13 @@ from banditspec.engine.panel_kernel import PanelInt8Linear, float_rows
 
 # Steps over at most this many pairs run natively; longer ones (a request's first call, a
 # catch-up after many rounds without the head) through torch: the native kernel keeps the
-# activations in fp32 and costs ~0.3 ms a pair here, fbgemm's int8 GEMM less, so torch wins
-# from ~5 pairs on (engine_build/eagle/bench_step.py).
-NATIVE_MAX_PAIRS = 4
+# activations in fp32 and costs more per further pair than fbgemm's int8 GEMM. Where torch
+# starts to win depends on the CPU: from ~5 pairs on the 2-core Zen 3 (AVX2) VM of the
+# eleventh session; from ~8 on the Zen 5 (AVX-512) VMs since, cold, 128 pairs cached
+# (`bench_step.py --pairs ...`; shipped EAGLE-1 head: 5 / 6 / 8 pairs 0.93 / 0.98 / 1.17 ms
+# native against 1.24 / 1.14 / 1.17 through torch; EAGLE-3 head: 7 pairs 1.09 against 1.32).
+# 7: a catch-up after two or three rounds without the head stays native.
+NATIVE_MAX_PAIRS = 7
 
 
 class KVBuffer:
