@@ -95,6 +95,11 @@ class ServingConfig:
     gamma_controller_max: int = 4
     metrics: bool = True
     metrics_log_interval_s: float = 60.0  # 0: no summary log line
+    # Reference target: concurrent sequences' steps go out as one request of up to
+    # verify_max_rows rows (the target's max_batch_size), a step waiting at most
+    # verify_gather_us for the others (0: a request per step; banditspec.engine.gather).
+    verify_gather_us: int = 2000
+    verify_max_rows: int = 16
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "ServingConfig":
@@ -135,6 +140,8 @@ class ServingConfig:
             gamma_controller_max=p.integer("gamma_controller_max", 4),
             metrics=p.flag("metrics", True),
             metrics_log_interval_s=p.number("metrics_log_interval_s", 60.0, low=0, unit=" of seconds"),
+            verify_gather_us=p.integer("verify_gather_us", 2000, low=0),
+            verify_max_rows=p.integer("verify_max_rows", 16, low=1),
         )
 
     @classmethod

@@ -9,6 +9,8 @@ from banditspec.gamma_controller import make_gamma_budget
 from banditspec.engine.uniform_inputs import with_empty_drafts
 from banditspec.decoder import SpeculativeDecoder
 from banditspec.drafters.registry import build_drafters
+from banditspec.engine.contract import Engine
+from banditspec.engine.gather import VerifyGatherer
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
 from banditspec.serving import Controller, ServingDefaults
 from banditspec.serving_config import ParameterSource, ServingConfig
@@ -64,7 +66,13 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
         eos_id=int(tokenizer.eos_token_id),
         provides_hidden_states="eagle" in drafters,  # what the eagle arm drafts from
         tensorrtllm=not reference,  # real sampling inputs, per-step seed, KV-reuse figures
+        max_rows=config.verify_max_rows,  # a TensorRT-LLM target takes one sequence a request
     )
+    # The reference target verifies concurrent sequences' steps as one request (the
+    # controller gathers them; TensorRT-LLM batches in flight on its own).
+    served: Engine = engine
+    if reference and config.verify_gather_us > 0:
+        served = VerifyGatherer(engine, window_s=config.verify_gather_us / 1e6, max_rows=engine.max_rows)
     budget = make_gamma_budget(config.gamma_controller, config.gamma_controller_max)
     decoder = SpeculativeDecoder.for_engine(
         engine,
@@ -84,8 +92,9 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
     )
     from banditspec.runtime import calibrate_cost_model
 
-    controller = Controller(decoder, engine, tokenizer, defaults,
-                            calibrate=lambda: calibrate_cost_model(decoder, engine))
-    if hasattr(budget, "bind_active_sequences"):  # the server's exact count of sequences in flight
-        budget.bind_active_sequences(lambda: controller.active_sequences)
+    controller = Controller(decoder, served, tokenizer, defaults,
+                            calibrate=lambda: calibrate_cost_model(decoder, engine))  # timed alone, never gathered
+    for counted in (budget, served):
+        if hasattr(counted, "bind_active_sequences"):  # the server's exact count of sequences in flight
+            counted.bind_active_sequences(lambda: controller.active_sequences)
     return controller

@@ -92,6 +92,34 @@ def test_the_target_adapter_returns_each_request_of_a_batch_its_solo_result(monk
     assert [_outputs(r) for r in batched] == solo
 
 
+def test_the_target_adapter_answers_a_request_of_several_sequences_row_by_row(monkeypatch):
+    """The controller sends its concurrent sequences' steps as one request of several rows
+    (banditspec.engine.gather): each row gets what it gets alone, in one engine call; a row
+    the target refuses fails its request, naming the row, and spares the other requests."""
+    import banditspec.engine.reference as reference
+    from banditspec.engine.contract import VerifyRequest
+    from banditspec.engine.tensor_codec import decode_results, encode_requests
+
+    engine = CountingMock()
+    monkeypatch.setattr(reference.ReferenceEngine, "from_name", classmethod(lambda cls, name, **kw: engine))
+    module = load_model_module("target", fake_pb_utils.make_module(lambda *a: None))
+    target = module.TritonPythonModel()
+    target.initialize(config_args("target"))
+    cases = [([5, 6, 7], [8, 9]), ([1, 2, 3, 4, 5, 6], []), ([9, 9], [1, 2, 3]), ([3, 1, 4, 1, 5], [9])]
+    reqs = [VerifyRequest(np.array(ids, np.int32), np.array(draft, np.int32)) for ids, draft in cases]
+    solo = [engine.verify([r])[0] for r in reqs]
+    engine.batches.clear()
+    (response,) = target.execute([fake_pb_utils.Request(encode_requests(reqs, with_reference_extras=True))])
+    assert engine.batches == [len(cases)]
+    rows = decode_results({t.name(): t.as_numpy() for t in response.output_tensors}, reqs)
+    assert [(r.output_ids.tolist(), r.num_accepted) for r in rows] == [(r.output_ids.tolist(), r.num_accepted) for r in solo]
+    bad = [VerifyRequest(np.array([5, 6], np.int32)), VerifyRequest(np.array([5, 10**6], np.int32))]
+    good = fake_pb_utils.Request(encode_requests(reqs[:1], with_reference_extras=True))
+    refused, answered = target.execute([fake_pb_utils.Request(encode_requests(bad, with_reference_extras=True)), good])
+    assert refused.has_error() and "input_ids" in refused.error().message() and "sequence 1" in refused.error().message()
+    assert not answered.has_error()
+
+
 # --- adapter outcomes, code included ------------------------------------------------------------
 
 

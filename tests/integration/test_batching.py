@@ -1,6 +1,6 @@
 """Batched verification through a real tritonserver: concurrent requests with different
-speculation lengths share the target's forward passes (its dynamic batcher groups the BLS
-calls) and each still gets exactly its solo output; the server-wide gamma controller caps
+speculation lengths share the target's forward passes (the controller gathers their steps
+into one BLS request) and each still gets exactly its solo output; the server-wide gamma controller caps
 what every request drafts."""
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def test_concurrent_mixed_gamma_requests_share_forward_passes_and_equal_their_so
     series = scrape_metrics(server.metrics_port)
     before = _target_counters(series)
     passes_before = metric_value(series, "nv_banditspec_target_forward_passes")
+    gathered_before = [metric_total(series, f"nv_banditspec_target_gathered_{n}", model="banditspec") for n in ("requests", "sequences")]
     jobs = [(p, GenerationOptions(max_tokens=MAX_TOKENS, policy=pol, max_draft_len=4)) for p, pol in zip(EDIT_PROMPTS, POLICIES)]
     results = _concurrently(server.grpc_url, jobs)
     series = scrape_metrics(server.metrics_port)
@@ -69,6 +70,10 @@ def test_concurrent_mixed_gamma_requests_share_forward_passes_and_equal_their_so
     assert delta["verified_sequences"] > delta["verify_batches"], f"no batch held two sequences: {delta}"
     assert delta["mixed_draft_batches"] >= 1, f"no batch mixed draft lengths: {delta}"
     assert metric_total(series, "nv_banditspec_target_largest_batch") >= 2
+    # the controller gathered its sequences' steps into requests of several rows (engine/gather.py)
+    requests, sequences = (metric_total(series, f"nv_banditspec_target_gathered_{n}", model="banditspec") - b
+                           for n, b in zip(("requests", "sequences"), gathered_before))
+    assert sequences == sum(r.stats["steps"] for r in results) and requests < sequences, (requests, sequences)
     passes_after = metric_value(series, "nv_banditspec_target_forward_passes")
     if passes_before is not None and passes_after is not None:  # the engine's own count: one pass per batch
         assert passes_after - passes_before == delta["verify_batches"]

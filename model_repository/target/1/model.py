@@ -12,7 +12,7 @@ from banditspec.engine.prefill_split import ContinuationSplitter
 from banditspec.engine.target_metrics import VerifyBatchMetrics
 from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
 from banditspec.engine.reference import validate_request
-from banditspec.engine.tensor_codec import decode_request, encode_result
+from banditspec.engine.tensor_codec import decode_requests, encode_results
 from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics import TargetEngineMetrics, sample_engine, triton_family_factory
 from banditspec.serving_config import TargetModelConfig, model_parameters
@@ -50,8 +50,10 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
+        # A request carries one sequence or several (rows: the controller sends the steps of
+        # its concurrent sequences as one request); every row of every request joins one batch.
         responses = [None] * len(requests)
-        batch, where = [], []
+        rows, owner, counts = [], [], [0] * len(requests)
         for i, request in enumerate(requests):
             tensors = {}
             for name in INPUT_NAMES:
@@ -59,45 +61,64 @@ class TritonPythonModel:
                 if tensor is not None:
                     tensors[name] = tensor.as_numpy()
             try:
-                verify_request = decode_request(tensors)
-                validate_request(verify_request, self.engine.vocab_size, self.engine.max_context)
-                batch.append(verify_request)
-                where.append(i)
+                decoded = decode_requests(tensors)
+                for j, row in enumerate(decoded):
+                    _validate(row, j if len(decoded) > 1 else None, self.engine)
             except BanditSpecValidationError as exc:
                 responses[i] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)
+                continue
+            rows.extend(decoded)
+            owner.extend([i] * len(decoded))
+            counts[i] = len(decoded)
+        results = [None] * len(rows)
         # Decoding steps share one pass; new sequences (prefills) get their own, so that a
         # prompt does not pad every decoding sequence to its length.
-        for group in self.splitter.split(batch):
-            self._verify([batch[g] for g in group], [where[g] for g in group], responses)
+        for group in self.splitter.split(rows):
+            self._verify(rows, group, results, owner, responses)
+        for i, count in enumerate(counts):
+            if count and responses[i] is None:
+                mine = [r for r, o in zip(results, owner) if o == i]
+                responses[i] = pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(k, v) for k, v in encode_results(mine).items()]
+                )
         if self.metrics is not None:
             self.metrics.update(sample_engine(self.engine))
         return responses
 
-    def _verify(self, batch, where, responses):
-        """One engine call for ``batch``; fills ``responses`` at the indices ``where``."""
+    def _verify(self, rows, group, results, owner, responses):
+        """One engine call for ``rows[group]``; a failure answers each owning request with it."""
+        batch = [rows[g] for g in group]
         try:
-            results = self.engine.verify(batch)
+            verified = self.engine.verify(batch)
         except BanditSpecValidationError as exc:
-            for i in where:
-                responses[i] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)
+            for g in group:
+                responses[owner[g]] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)
             return
         except Exception as exc:
             log.exception("verification failed")
-            for i in where:
-                responses[i] = _error(f"target: verification failed ({type(exc).__name__})", pb_utils.TritonError.INTERNAL)
+            for g in group:
+                responses[owner[g]] = _error(f"target: verification failed ({type(exc).__name__})", pb_utils.TritonError.INTERNAL)
             return
-        self.batch_metrics.record(batch, results)
-        for i, request, result in zip(where, batch, results):
+        self.batch_metrics.record(batch, verified)
+        for g, request, result in zip(group, batch, verified):
             self.splitter.observe(request, result)
-            responses[i] = pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(k, v) for k, v in encode_result(result).items()]
-            )
+            results[g] = result
 
     def finalize(self):
         if self.metrics is not None:
             self.metrics.close()
         self.batch_metrics.close()
         self.engine = None
+
+
+def _validate(row, index, engine):
+    """validate_request; with several rows in the request, the error names the row."""
+    try:
+        validate_request(row, engine.vocab_size, engine.max_context)
+    except BanditSpecValidationError as exc:
+        if index is None:
+            raise
+        raise BanditSpecValidationError(exc.field, f"{str(exc)[len(exc.field) + 2:]} (sequence {index})") from None
 
 
 def _error(message, code):

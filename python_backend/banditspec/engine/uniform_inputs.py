@@ -4,7 +4,7 @@ Triton's dynamic batcher groups only requests that carry the same set of inputs:
 request without the optional ``draft_input_ids`` (a plain-decoding step, gamma = 0, or a
 drafter that found nothing) is never batched with one that has it, so in a mix each
 switch between the two kinds starts a new batch (measured: twelve alternating requests,
-twelve batches of one). Sent as an empty int32 [1, 0] tensor instead, the draft is the
+twelve batches of one). Sent as an empty int32 [N, 0] tensor instead, the draft is the
 same to the reference target (zero draft tokens) and the twelve share one pass.
 """
 
@@ -14,15 +14,13 @@ import numpy as np
 
 from banditspec.engine.tensor_codec import InferFn
 
-EMPTY_DRAFT = np.zeros((1, 0), dtype=np.int32)
-
-
 def with_empty_drafts(infer: InferFn) -> InferFn:
     """``infer`` that always sends ``draft_input_ids`` (empty when there is no draft)."""
 
     def call(model_name, tensors, output_names):
         if "draft_input_ids" not in tensors:
-            tensors = {**tensors, "draft_input_ids": EMPTY_DRAFT}
+            rows = np.shape(tensors["input_ids"])[0] if np.ndim(tensors["input_ids"]) >= 2 else 1
+            tensors = {**tensors, "draft_input_ids": np.zeros((rows, 0), dtype=np.int32)}
         return infer(model_name, tensors, output_names)
 
     return call

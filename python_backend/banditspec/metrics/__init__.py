@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from banditspec.engine.gather import VerifyGatherer
 from banditspec.metrics.hub import ServingMetrics
 from banditspec.metrics.logs import SummaryLogger, format_summary
 from banditspec.metrics.prometheus import (
@@ -71,4 +72,8 @@ def build_serving_metrics(
         from banditspec.metrics.target_kv import TargetKvMetrics
 
         target_kv = TargetKvMetrics(factory, engine, model=model, version=version)
+    elif exporter is not None and isinstance(engine, VerifyGatherer):  # steps gathered into requests
+        from banditspec.metrics.target_kv import GatherMetrics
+
+        target_kv = GatherMetrics(factory, engine, model=model, version=version)
     return ServingMetrics(stats=stats, exporter=exporter, summary=summary, target_kv=target_kv).attach(controller)
