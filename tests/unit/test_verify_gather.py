@@ -247,3 +247,25 @@ def test_a_window_of_zero_is_a_call_per_step():
     assert inner.sizes == [1, 1, 1, 1] and gatherer.calls == 0
     with pytest.raises(ValueError, match="window_s"):
         VerifyGatherer(inner, window_s=-1.0, max_rows=8)
+
+
+def test_a_waiting_step_never_sends_another_sequence_s_step():
+    """A step answered while another sequence's step comes in must return, not carry the
+    newcomer's call to the target first (its own sequence would wait a whole extra call)."""
+    inner = SlowCountingEngine(seconds=0.3)
+    gatherer = VerifyGatherer(inner, window_s=0.2, max_rows=8, active=lambda: 3)
+    took: dict[str, float] = {}
+
+    def step(name, ids, delay):
+        time.sleep(delay)
+        began = time.monotonic()
+        gatherer.verify([_req(ids)])
+        took[name] = time.monotonic() - began
+
+    threads = [threading.Thread(target=step, args=a) for a in (("a", [1, 2], 0.0), ("b", [3, 4], 0.0), ("c", [5, 6], 0.35))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert took["a"] < 0.2 + 0.3 + 0.15 and took["b"] < 0.2 + 0.3 + 0.15, took  # window + its own call
+    assert took["c"] < 0.3 + 0.15, took  # sent at once while a and b's call was out

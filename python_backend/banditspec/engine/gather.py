@@ -13,9 +13,9 @@ drafting, and only for them:
   the batcher's delay did, but only while company is really coming);
 * while a call of this gatherer is at the target, a step goes at once: it would only queue
   behind that call, and the target's batcher (no delay) merges what queued when it frees,
-  so the target never idles while steps are waiting (measured: holding such steps in the
-  controller for the busy call's members left the target idle between calls at 8 streams,
-  ~25 % fewer tokens/s than the batcher's delay).
+  so the target never idles while steps are waiting (holding such steps in the controller
+  for the busy call's members, a first version, ran 11-18 % below the batcher's delay at 8
+  streams: docs/benchmarks, nineteenth session).
 
 The group goes out through ``inner.verify`` (e.g. :class:`~banditspec.engine.tensor_codec.TensorEngine`
 with ``max_rows`` > 1: one request of N rows). If that call fails, each member is retried
@@ -32,12 +32,13 @@ from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
 
 
 class _Slot:
-    __slots__ = ("request", "result", "error", "done")
+    __slots__ = ("request", "result", "error", "sent", "done")
 
     def __init__(self, request: VerifyRequest):
         self.request = request
         self.result: VerifyResult | None = None
         self.error: BaseException | None = None
+        self.sent = False  # in a group on its way to the target
         self.done = False
 
 
@@ -86,11 +87,8 @@ class VerifyGatherer:
                 self._first_wait = self._clock()
             self._waiting.append(slot)
             self._cond.notify_all()
-        while True:  # a sender's group is the oldest waiting steps: its own may wait for the next
-            with self._cond:
-                group = self._wait_or_lead(slot)
-            if group is None:
-                break
+            group = self._wait_or_lead(slot)
+        if group is not None:
             self._send(group)
         if slot.error is not None:
             raise slot.error
@@ -98,15 +96,21 @@ class VerifyGatherer:
         return [slot.result]
 
     def _wait_or_lead(self, slot: _Slot) -> list[_Slot] | None:
-        """Under the lock: wait until ``slot`` is answered (None) or it may send (its group)."""
+        """Under the lock: wait until ``slot`` is answered (None), or send ``slot`` with the
+        oldest other waiting steps (the group returned). A thread only ever sends a group
+        holding its own step: one that sent another's group would keep its own sequence
+        waiting a whole call after its answer came."""
         while not slot.done:
-            if not self._waiting:  # ``slot`` went out with another sender's group
+            if slot.sent:  # another thread sent it
                 self._cond.wait()
                 continue
             now = self._clock()
             due = self._first_wait + self._window
             if self._in_flight or len(self._waiting) >= min(self._active(), self._max_rows) or now >= due:
-                group, self._waiting = self._waiting[: self._max_rows], self._waiting[self._max_rows:]
+                group = [slot] + [s for s in self._waiting if s is not slot][: self._max_rows - 1]
+                for s in group:
+                    s.sent = True
+                self._waiting = [s for s in self._waiting if not s.sent]
                 if self._waiting:
                     self._first_wait = now
                 self._in_flight += 1
