@@ -13,6 +13,30 @@ COLUMNS = ["workload", "prompt", "method", "tokens", "seconds", "decode_seconds"
 WORKLOADS = ("code", "code-edit", "chat", "mixed")
 
 
+def triton_runner(methods: Sequence, parameters: Callable[[object], dict]):
+    """A TritonRunner class that serves each method from its own copy of the controller model
+    (its own cost model and server-wide statistics) with ``parameters(method)`` set on it."""
+    from banditspec_client import serve
+    from banditspec_client.bench import through_triton
+
+    class Runner(through_triton.TritonRunner):
+        def __enter__(self):
+            original = serve.TritonServer
+
+            def server(**kwargs):
+                for method in methods:
+                    kwargs["overrides"][through_triton.private_model_name(method)].update(parameters(method))
+                return original(**kwargs)
+
+            serve.TritonServer = server
+            try:
+                return super().__enter__()
+            finally:
+                serve.TritonServer = original
+
+    return Runner
+
+
 def row(workload: str, prompt: int, setting: str, record) -> tuple:
     """A RunRecord as a row (its first step, the prompt's prefill, left out of the decode figures)."""
     rest = [s - v for s, v in zip(record.step_ms[1:], record.verify_ms[1:])]

@@ -9,37 +9,17 @@ SmolLM2-135M fp32, 1 torch thread, 64 tokens, default settings otherwise.
 import dataclasses
 import sys
 
-from banditspec_client import serve
-from banditspec_client.bench import through_triton
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import load_workload
 
-from ab_common import WORKLOADS, interleaved, report
+from ab_common import WORKLOADS, interleaved, report, triton_runner
 
 n, seed, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 base = parse_methods("costaware")[0]
 methods = [dataclasses.replace(base, name="remote"), dataclasses.replace(base, name="local")]
 EAGLE_MODEL = {"remote": "eagle", "local": ""}
-
-
-class Runner(through_triton.TritonRunner):
-    """Serves each method from its own controller copy; sets each copy's eagle_model."""
-
-    def __enter__(self):
-        original = serve.TritonServer
-
-        def server(**kwargs):
-            for m in methods:
-                kwargs["overrides"][through_triton.private_model_name(m)]["eagle_model"] = EAGLE_MODEL[m.name]
-            return original(**kwargs)
-
-        serve.TritonServer = server
-        try:
-            return super().__enter__()
-        finally:
-            serve.TritonServer = original
-
+Runner = triton_runner(methods, lambda m: {"eagle_model": EAGLE_MODEL[m.name]})
 
 with Runner(RunSettings(threads=1), methods) as runner:
     rows = interleaved([(w, load_workload(w, n, seed=seed)) for w in WORKLOADS], methods,

@@ -14,7 +14,12 @@ where it would decline does not offer it, and its first token is scored every ro
 cheap drafter's proposal is (full information on the first position; deeper positions
 are learned when it is pulled, one token beyond the chosen length while they are little
 known). A costly drafter without previews is chosen blind: a decline (an empty proposal)
-is scored as a first token not accepted, and the round takes the best cheap proposal."""
+is scored as a first token not accepted, and the round takes the best cheap proposal. A
+blind drafter's ``hint`` (Eagle's first-token probe: the calibrated chance that a pull now
+starts with an accepted token, from the target's latest features, no call) is its first
+position's hazard as it stands (no optimism: nothing to explore there) and, in levels
+(``hint_level``), the context its deeper positions are learned in; below ``HINT_FLOOR`` it is
+not offered that round."""
 
 from __future__ import annotations
 
@@ -22,8 +27,8 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from banditspec.bandits.cost_model import CostModel
-from banditspec.bandits.costaware import (Candidate, CostAwarePolicy, buckets_after, confidence_level,
-                                          context_bucket)
+from banditspec.bandits.costaware import (HINT_FLOOR, Candidate, CostAwarePolicy, buckets_after,
+                                          confidence_level, context_bucket, hint_level)
 from banditspec.config import ArmSpec
 from banditspec.drafters.base import Draft, Drafter, Preview
 
@@ -74,12 +79,14 @@ class CostAwareRounds:
     def choose(self, arms: Sequence[ArmSpec], available: list[int], limit: int, position: int,
                drafter_of: Callable[[str], Drafter | None],
                propose: Callable[[ArmSpec, int], Draft | None],
-               preview: Callable[[ArmSpec], Preview | None] | None = None) -> tuple[int | None, Draft]:
+               preview: Callable[[ArmSpec], Preview | None] | None = None,
+               hint: Callable[[ArmSpec], float | None] | None = None) -> tuple[int | None, Draft]:
         """The round's (arm index, draft); (None, empty) = plain decoding. ``available``: the
         arms still served (a drafter that fails while proposing leaves it); ``position``:
         where the draft's first token would go; ``propose(arm, gamma)``: a proposal, or None
         when the drafter failed (and was dropped); ``preview(arm)``: a previewing drafter's
-        first token (None: none now, or it failed)."""
+        first token (None: none now, or it failed); ``hint(arm)``: a blind costly drafter's
+        chance of a first token accepted (None: no estimate)."""
         controller = self.controller
         if limit <= 0:
             return None, Draft()
@@ -98,8 +105,13 @@ class CostAwareRounds:
                 candidate = Candidate(arm.drafter, cap, 0, True, per_call, per_token)
                 if preview is not None and previews(drafter):
                     previewing.append((index, replace(candidate, previewed=True)))
-                else:
-                    costly.append(candidate)
+                    continue
+                chance = None if hint is None else hint(arm)
+                if chance is not None:
+                    if chance < HINT_FLOOR or index not in available:
+                        continue  # a pull would (almost) surely miss, or it cannot draft now
+                    candidate = replace(candidate, bucket=context_bucket(hint_level(chance)), first_hazard=chance)
+                costly.append(candidate)
                 continue
             if proposes_lazily(drafter):
                 lazy.append((index, cap))
@@ -154,7 +166,7 @@ class CostAwareRounds:
             if length < seen[chosen][1].max_gamma and controller.seen(name, bucket, length) < EXPLORE_DEEPER_BELOW:
                 length += 1
         else:
-            bucket = 0
+            bucket = next(c.bucket for c in costly if c.drafter == name)  # its hint's context (0: none)
         began = self._clock()
         draft = propose(arms[chosen], length)
         produced = 0 if draft is None else len(draft)

@@ -123,7 +123,7 @@ class DecodingSession:
         truncated = False
         if self._rounds is not None:
             arm_index, draft = self._rounds.choose(self.arms, self._available, limit, len(self._sequence),
-                                                   self._drafter_of, self._propose, self._preview)
+                                                   self._drafter_of, self._propose, self._preview, self._hint)
         while self.policy is not None and self._available and limit > 0:
             arm_index = self.policy.select(self._available)
             arm = self.arms[arm_index]
@@ -235,6 +235,9 @@ class DecodingSession:
 
     def _preview(self, arm: ArmSpec) -> Preview | None:
         return self._drafters.preview(arm.drafter)
+
+    def _hint(self, arm: ArmSpec) -> float | None:
+        return self._drafters.hint(arm.drafter)
 
     def _drop_arms(self, drafter: str, reason: str) -> None:
         """``drafter`` failed (or is unavailable): its arms leave this request."""

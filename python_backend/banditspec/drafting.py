@@ -90,6 +90,24 @@ class RequestDrafters:
             return None
         return None if self._drop_if_late(name, began) else preview
 
+    def hint(self, name: str) -> float | None:
+        """Drafter ``name``'s estimate, with no model call, of the chance that a proposal now
+        starts with an accepted token (see drafters.base); None when it offers none, or
+        failed (and was dropped)."""
+        session = self._sessions.get(name)
+        estimate = getattr(session, "hint", None)
+        if session is None or not callable(estimate):
+            return None
+        try:
+            value = estimate()
+            if value is not None and not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"hint {value!r} outside [0, 1]")
+        except Exception as exc:
+            log.warning("drafter %s failed to give a hint: %s", name, exc)
+            self.drop(name, f"hint failed: {type(exc).__name__}")
+            return None
+        return None if value is None else float(value)
+
     def _drop_if_late(self, name: str, began: float) -> bool:
         """Drop drafter ``name`` when its call, begun at ``began``, overran the deadline."""
         late = self._deadline is not None and time.perf_counter() - began > self._deadline

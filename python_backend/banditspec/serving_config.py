@@ -58,7 +58,12 @@ class Parameters:
 
     def flag(self, key: str, default: bool) -> bool:
         raw = self._params.get(key)
-        return default if raw is None else str(raw).strip().lower() in ("1", "true", "yes", "on")
+        if raw is None:
+            return default
+        value = str(raw).strip().lower()
+        if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise BanditSpecValidationError(key, f"must be true or false, got {raw!r}")
+        return value in ("1", "true", "yes", "on")
 
     def names(self, key: str, default: str) -> tuple[str, ...]:
         """A comma-separated list, blanks dropped."""
@@ -80,6 +85,7 @@ class ServingConfig:
     drafters: tuple[str, ...] = ("pld", "suffix", "rest", "copy")
     eagle_model: str = ""  # the Triton model of the Eagle head; "": in this process
     eagle_head: str = ""  # the shipped head: "" (default) | eagle1 | eagle3; the eagle model's must match
+    eagle_probe: bool = True  # the head's first-token probe as the controller's context (banditspec.eagle.probe)
     rest_datastore: Path | None = None  # None: the default datastore
     draft_name: str = "draft"  # the Triton model of a separate draft engine
     drafter_plugin: Path | None = None  # a file that adds drafters by name (tests only)
@@ -120,6 +126,7 @@ class ServingConfig:
             drafters=p.names("drafters", "pld,suffix,rest,copy"),
             eagle_model=p.text("eagle_model", "").strip(),
             eagle_head=check_eagle_head(p.text("eagle_head", "")),
+            eagle_probe=p.flag("eagle_probe", True),
             rest_datastore=None if datastore in ("", "default") else Path(datastore),
             draft_name=p.text("draft_name", "draft"),
             drafter_plugin=Path(plugin) if (plugin := p.text("drafter_plugin", "").strip()) else None,

@@ -48,6 +48,7 @@ def _drafters(config: ServingConfig, tokenizer, infer: InferFn) -> dict:
         eagle_model=config.eagle_model,
         eagle_engine=config.target_kind == "tensorrtllm",
         eagle_head=config.eagle_head,
+        eagle_probe=config.eagle_probe,
         plugin=config.drafter_plugin,
     )
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from banditspec.bandits.cost_model import CostModel
-from banditspec.bandits.costaware import CostAwarePolicy, confidence_level, context_bucket
+from banditspec.bandits.costaware import (HINT_FLOOR, Candidate, CostAwarePolicy, confidence_level, context_bucket,
+                                          hint_level)
 from banditspec.config import ArmSpec
 from banditspec.costaware_rounds import EXPLORE_DEEPER_BELOW, CostAwareRounds
 from banditspec.drafters.base import Draft, Preview
@@ -38,12 +39,15 @@ class Previewing(Costly):
 
 class Harness:
     """proposals: drafter name -> f(sequence, max_len) -> token ids (or None: the drafter failed);
-    previews: drafter name -> f(sequence) -> Preview | None, for previewing drafters."""
+    previews: drafter name -> f(sequence) -> Preview | None, for previewing drafters;
+    hints: drafter name -> f(sequence) -> float | None, for blind costly drafters with a hint."""
 
-    def __init__(self, drafters: dict, proposals: dict, curve=FLAT, max_len: int = 4, previews: dict | None = None):
+    def __init__(self, drafters: dict, proposals: dict, curve=FLAT, max_len: int = 4, previews: dict | None = None,
+                 hints: dict | None = None):
         self.drafters = drafters
         self.proposals = proposals
         self.previews = previews or {}
+        self.hints = hints or {}
         self.previewed: list[str] = []  # drafter of each preview asked for
         self.controller = CostAwarePolicy(list(drafters), max_len, CostModel.fixed(curve), None)
         self.rounds = CostAwareRounds(self.controller, self.controller.cost_model, VirtualClock())
@@ -76,10 +80,13 @@ class Harness:
         self.previewed.append(arm.drafter)
         return self.previews[arm.drafter](self.sequence)
 
+    def hint(self, arm):
+        return self.hints[arm.drafter](self.sequence) if arm.drafter in self.hints else None
+
     def choose(self, sequence, limit=4):
         self.sequence = list(sequence)
         return self.rounds.choose(self.arms, self.available, limit, len(sequence), self.drafters.get, self.propose,
-                                  self.preview)
+                                  self.preview, self.hint)
 
 
 def test_no_room_for_a_draft_asks_no_drafter():
@@ -169,6 +176,64 @@ def test_the_context_is_the_outcome_of_the_drafters_latest_proposal_by_position(
     h.rounds.score(sequence)
     h.choose(sequence)  # round 4: the latest decided first token is round 2's, wrong
     assert h.candidates[-1][0].bucket == context_bucket(0, last_hit=False)
+
+
+# --- a blind costly drafter with a hint (Eagle's first-token probe) ------------------------
+def last_offer(h: Harness, drafter: str = "e"):
+    """The latest candidate of ``drafter`` the controller was offered (a decline's fallback
+    choice is offered the cheap candidates only)."""
+    return [c for offered in h.candidates for c in offered if c.drafter == drafter][-1]
+
+
+def test_a_hint_below_the_floor_keeps_the_drafter_out_of_the_round():
+    """A hint under HINT_FLOOR (0.0: the session cannot draft now) means no candidate and no call."""
+    for chance in (0.0, HINT_FLOOR / 2):
+        h = Harness({"e": Costly()}, {"e": lambda s, n: [1] * n}, hints={"e": lambda s, c=chance: c})
+        index, draft = h.choose([5, 6])
+        assert index is None and len(draft) == 0
+        assert h.calls == [] and h.candidates[-1] == [] and h.controller.local["e"].offered.sum() == 0
+
+
+def test_a_hint_is_the_first_positions_hazard_and_its_level_the_context():
+    """The candidate's first position is priced at the hint itself (no optimism, whatever its
+    counts say) and its level is the context a pull is scored in, not the hint-less one."""
+    chances = iter([0.9, 0.15])
+    h = Harness({"e": Costly()}, {"e": lambda s, n: []}, curve=STEEP, hints={"e": lambda s: next(chances)})
+    index, _ = h.choose([5, 6])  # a likely hit: pulled, declines
+    assert [drafter for drafter, _ in h.calls] == ["e"] and index is None
+    high = context_bucket(hint_level(0.9))
+    assert high != 0 and last_offer(h).bucket == high and last_offer(h).first_hazard == 0.9
+    local = h.controller.local["e"]
+    assert local.offered[high, 0] == 1 and local.offered.sum() == 1 and local.accepted.sum() == 0
+    h.choose([5, 6, 7])  # an unlikely one: offered in its level, not pulled, though never tried there
+    assert last_offer(h).bucket == context_bucket(hint_level(0.15)) != high and len(h.calls) == 1
+
+
+def test_the_hint_prices_the_first_position_as_it_stands():
+    """Same counts, different hints: the utility of a pull follows the hint, not the counts."""
+    policy = CostAwarePolicy(["e"], 4, CostModel.fixed(STEEP), None)
+    sure = Candidate("e", 4, context_bucket(3), costly=True, first_hazard=0.95)
+    unsure = Candidate("e", 4, context_bucket(3), costly=True, first_hazard=0.05)
+    assert policy.best([sure], 4).drafter == "e" and policy.best([unsure], 4).drafter is None
+    assert policy.best([sure], 4).expected_tokens > 1.9
+
+
+def test_a_pulled_hinted_drafters_draft_is_scored_in_its_hints_level():
+    h = Harness({"e": Costly()}, {"e": lambda s, n: [target_token(len(s)), 999, 999, 999][:n]},
+                hints={"e": lambda s: 0.7})
+    index, draft = h.choose([5, 6])
+    assert index == 0 and len(draft) >= 2
+    h.rounds.score([5, 6, target_token(2), 3])  # first token right, second wrong
+    bucket = context_bucket(hint_level(0.7))
+    local = h.controller.local["e"]
+    assert local.offered[bucket, :2].tolist() == [1, 1] and local.accepted[bucket, :2].tolist() == [1, 0]
+    assert local.offered[0].sum() == 0
+
+
+def test_without_a_hint_a_blind_drafter_keeps_the_plain_context():
+    h = Harness({"e": Costly()}, {"e": lambda s, n: []}, hints={"e": lambda s: None})
+    h.choose([5, 6])
+    assert last_offer(h).bucket == 0 and h.controller.local["e"].offered[0, 0] == 1
 
 
 # --- a costly drafter that previews its first token (Eagle in process) --------------------

@@ -58,3 +58,10 @@ def test_eagle_head_is_checked_by_name():
     for make in (ServingConfig.from_parameters, EagleModelConfig.from_parameters):
         with pytest.raises(BanditSpecValidationError, match="eagle_head"):
             make({"eagle_head": "eagle2"})
+
+
+def test_eagle_probe_is_a_flag_on_by_default():
+    assert ServingConfig.from_parameters({}).eagle_probe is True
+    assert ServingConfig.from_parameters({"eagle_probe": "false"}).eagle_probe is False
+    with pytest.raises(BanditSpecValidationError, match="eagle_probe"):
+        ServingConfig.from_parameters({"eagle_probe": "maybe"})

@@ -19,6 +19,12 @@ its next proposal would start with and its confidence in it, at a fraction of a 
 cost (the state it must catch up on anyway, plus one scoring of its LM head). The costaware
 controller then chooses with that confidence as context, never pulls a drafter that would
 decline, and learns the first token's acceptance at every round (full information).
+
+A costly drafter's session may instead (or also) offer ``hint() -> float | None``: with no
+model call, its estimate of the chance that a proposal now starts with a token the target
+accepts (Eagle: a probe on the target's latest features, banditspec.eagle.probe); 0.0 when it
+cannot draft now, None when it has no estimate. The controller, pulling it blind, then
+uses the estimate as the pull's context and learns what each level of it really yields.
 """
 
 from __future__ import annotations

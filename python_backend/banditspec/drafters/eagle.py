@@ -30,6 +30,7 @@ from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS
 from banditspec.eagle.fast_step import FastEagleStep, KVBuffer
 from banditspec.eagle.head import EagleHead, load_head
 from banditspec.eagle.head3 import Eagle3Head, head_format, head_info, load_head3
+from banditspec.eagle.probe import FirstTokenProbe, head_probe
 from banditspec.errors import BanditSpecValidationError
 from banditspec.serving_config import EAGLE_HEADS, check_eagle_head
 
@@ -110,6 +111,8 @@ class EagleDrafter:
         every position after them); None: the whole prompt. The decoding loop asks the target
         for those positions' states alone (:func:`~banditspec.drafters.base.first_feature`).
     previews: the costaware controller previews the head every round (see DEFAULT_PREVIEWS).
+    probe: the head's first-token probe (banditspec.eagle.probe), or None: sessions then
+        offer no ``hint()`` and the controller pulls the head blind.
     """
 
     name = "eagle"
@@ -122,7 +125,7 @@ class EagleDrafter:
 
     def __init__(self, head: EagleHead | Eagle3Head, embedding: torch.Tensor, stop_ids: Sequence[int] = (),
                  min_confidence: float = 0.0, int8: bool = False, prompt_window: int | None = None,
-                 previews: bool = False):
+                 previews: bool = False, probe: FirstTokenProbe | None = None):
         if not 0.0 <= float(min_confidence) < 1.0:
             raise BanditSpecValidationError("min_confidence", f"must be in [0, 1), got {min_confidence!r}")
         if prompt_window is not None and not (is_int(prompt_window) and prompt_window >= 1):
@@ -156,6 +159,10 @@ class EagleDrafter:
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         # Which target states a step must return (VerifyRequest.hidden_layers): () = the last one
         self.feature_layers: tuple[int, ...] = tuple(head.config.aux_layers) if isinstance(head, Eagle3Head) else ()
+        if probe is not None and probe.feature_size != self.feature_size:
+            raise BanditSpecValidationError(
+                "first_token_probe", f"reads rows of {probe.feature_size}, the head's features have {self.feature_size}")
+        self.probe = probe
 
     def step(self, embeddings: torch.Tensor, features: torch.Tensor, cache: KVBuffer) -> torch.Tensor:
         """Run the head over T pairs appended to ``cache`` (a session's, from ``new_cache``)."""
@@ -213,6 +220,7 @@ class EagleSession:
         self.committed = self.first_feature
         self._last_predicted: torch.Tensor | None = None  # f^ after the last real pair
         self._first: tuple[int, int, float] | None = None  # (committed, token, confidence) of the last preview
+        self._last_row: np.ndarray | None = None  # the target's latest feature row (the probe's input)
         self.closed = False
 
     # --- protocol --------------------------------------------------------------------
@@ -252,6 +260,15 @@ class EagleSession:
             self._first = (self.committed, token, confidence)
         return Preview(self._first[1], self._first[2], self.drafter.min_confidence)
 
+    def hint(self) -> float | None:
+        """The probe's P(a proposal now starts with a token the target accepts), with no head
+        call (drafters.base); None without a probe; 0.0 when the session cannot draft now."""
+        if self.drafter.probe is None:
+            return None
+        if self.closed or not self.can_draft or self._last_row is None:
+            return 0.0
+        return self.drafter.probe(self._last_row)
+
     def observe(self, new_tokens: Sequence[int] | np.ndarray, hidden_states: np.ndarray | None = None) -> None:
         if self.closed:
             return
@@ -264,6 +281,8 @@ class EagleSession:
             raise BanditSpecValidationError(
                 "hidden_states", f"expected [<= {n - 1}, {self.drafter.feature_size}] rows, "
                 f"got {list(rows.shape)}")
+        if len(rows):
+            self._last_row = np.array(rows[-1], dtype=np.float32)  # position n-2: produced the latest token
         first = n - 1 - rows.shape[0]  # position of the first row (rows end at position n-2)
         if first > self.num_features:
             return  # a gap: features of positions num_features .. first-1 never came
@@ -348,9 +367,10 @@ def head_feature_layers(weights: Path = DEFAULT_WEIGHTS) -> tuple[int, ...]:
 def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS,
                                min_confidence: float | None = None, int8: bool = DEFAULT_INT8,
                                prompt_window: int | None = DEFAULT_PROMPT_WINDOW,
-                               previews: bool = DEFAULT_PREVIEWS) -> EagleDrafter:
+                               previews: bool = DEFAULT_PREVIEWS, probe: bool = True) -> EagleDrafter:
     """The shipped head for SmolLM2-135M-Instruct, on ``target_model``'s (frozen) embedding.
-    ``min_confidence`` None: the head's own tuned cut-off (:func:`head_min_confidence`)."""
+    ``min_confidence`` None: the head's own tuned cut-off (:func:`head_min_confidence`);
+    ``probe``: with the head's first-token probe when its JSON has one."""
     if min_confidence is None:
         min_confidence = head_min_confidence(weights)
     head = load_eagle_head(weights)
@@ -363,7 +383,7 @@ def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS,
     eos = target.eos_token_id
     stop_ids = eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
     return EagleDrafter(head, embedding, stop_ids=stop_ids, min_confidence=min_confidence, int8=int8,
-                        prompt_window=prompt_window, previews=previews)
+                        prompt_window=prompt_window, previews=previews, probe=head_probe(weights) if probe else None)
 
 
 def head_fit_problem(target_name: str, weights: Path = DEFAULT_WEIGHTS) -> str | None:

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from banditspec.drafters.base import Draft
+from banditspec.eagle.probe import FirstTokenProbe
 from banditspec.engine.tensor_codec import InferFn
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class RemoteEagleSession:
         self._tokens: list[int] = []
         self._hidden: list[np.ndarray] = []
         self._features_lost = False  # a step came without features: the head can no longer follow
+        self._last_row: np.ndarray | None = None  # the target's latest feature row (the probe's input)
         self._started = False
         self._closed = False
 
@@ -48,6 +50,17 @@ class RemoteEagleSession:
         out = self._call(max_len=max_len, end=False)
         return Draft(token_ids=np.asarray(out["draft_ids"], dtype=np.int32).reshape(-1)[:max_len])
 
+    def hint(self) -> float | None:
+        """The probe's P(a proposal now starts with a token the target accepts), with no call
+        (drafters.base); None without a probe; 0.0 when the head cannot draft now (no
+        features yet: before the first step's, the model would decline)."""
+        probe = self._drafter.probe
+        if probe is None:
+            return None
+        if self._closed or self._features_lost or self._last_row is None:
+            return 0.0
+        return probe(self._last_row)
+
     def observe(self, new_tokens: Sequence[int], hidden_states: np.ndarray | None = None) -> None:
         if self._closed:
             return
@@ -55,7 +68,10 @@ class RemoteEagleSession:
         if hidden_states is None:
             self._features_lost = True
         elif not self._features_lost:
-            self._hidden.append(np.asarray(hidden_states, dtype=np.float32))
+            rows = np.asarray(hidden_states, dtype=np.float32)
+            self._hidden.append(rows)
+            if rows.ndim == 2 and len(rows):
+                self._last_row = np.array(rows[-1])
 
     def close(self, finished: bool) -> None:
         if self._closed:
@@ -91,15 +107,17 @@ class RemoteEagleDrafter:
     needs_hidden_states = True
 
     def __init__(self, infer: InferFn, *, model_name: str = "eagle", feature_layers: Sequence[int] = (),
-                 prompt_window: int | None = None):
+                 prompt_window: int | None = None, probe: FirstTokenProbe | None = None):
         """feature_layers: the target states the head reads (VerifyRequest.hidden_layers;
         () = the last post-norm state), as the served head's JSON says; prompt_window: the
         served head's window on the prompt (None: it reads the whole prompt), so that the
-        target is asked for those positions' states only and only they travel over BLS."""
+        target is asked for those positions' states only and only they travel over BLS;
+        probe: the served head's first-token probe (None: sessions give no hint)."""
         self.infer = infer
         self.model_name = model_name
         self.feature_layers: tuple[int, ...] = tuple(int(a) for a in feature_layers)
         self.prompt_window = prompt_window
+        self.probe = probe
 
     def start(self, prompt_ids: Sequence[int]) -> RemoteEagleSession:
         return RemoteEagleSession(self, prompt_ids)

@@ -88,6 +88,7 @@ def build_drafters(
     eagle_model: str = "",
     eagle_engine: bool = False,
     eagle_head: str = "",
+    eagle_probe: bool = True,
     plugin: Path | None = None,
 ) -> dict[str, Drafter]:
     """Drafters by name, in ``names`` order.
@@ -96,7 +97,9 @@ def build_drafters(
     BLS, or with ``eagle_engine`` a TensorRT-LLM Eagle engine of that name drafting like a
     draft engine; else the shipped head ``eagle_head`` ("" = the default) in this process on the target's embedding
     (``target_model``, or ``load_target_model()`` when given). Left out when none of these
-    is possible, or when the shipped head does not fit the target ``target_name``.
+    is possible, or when the shipped head does not fit the target ``target_name``. With
+    ``eagle_probe``, the head's first-token probe (when its JSON has one) gives the
+    controller a context for it every round without a call (banditspec.eagle.probe).
     ``draft``: a separate draft engine ``draft_model_name``, reached through ``infer``.
     ``rest``: ``rest_datastore`` or the default datastore built once into the cache folder.
     ``plugin``: a Python file that defines ``DRAFTER_NAMES`` and ``make_drafter(name)``;
@@ -110,7 +113,7 @@ def build_drafters(
             drafter = extra.make_drafter(name)
         elif name == "eagle":
             drafter = _eagle(tokenizer, target_model, load_target_model, target_name, infer, eagle_model,
-                             eagle_engine, eagle_head)
+                             eagle_engine, eagle_head, eagle_probe)
         elif name == "draft":
             drafter = _draft_engine(infer, draft_model_name, tokenizer) if infer is not None else None
         elif name == "rest":
@@ -152,7 +155,8 @@ def _draft_engine(infer: Callable, model_name: str, tokenizer: Any) -> Drafter:
 
 
 def _eagle(tokenizer: Any, target_model: Any, load_target_model: Callable[[], Any] | None, target_name: str,
-           infer: Callable | None, eagle_model: str, eagle_engine: bool, eagle_head: str = "") -> Drafter | None:
+           infer: Callable | None, eagle_model: str, eagle_engine: bool, eagle_head: str = "",
+           eagle_probe: bool = True) -> Drafter | None:
     """The eagle arm, or None when this deployment cannot serve it."""
     if eagle_model and infer is not None:
         if eagle_engine:
@@ -162,6 +166,7 @@ def _eagle(tokenizer: Any, target_model: Any, load_target_model: Callable[[], An
             return _draft_engine(infer, eagle_model, tokenizer)
         from banditspec.drafters import eagle
         from banditspec.drafters.eagle_remote import RemoteEagleDrafter
+        from banditspec.eagle.probe import head_probe
 
         weights = eagle.head_weights(eagle_head)
         problem = eagle.head_fit_problem(target_name, weights)
@@ -170,7 +175,8 @@ def _eagle(tokenizer: Any, target_model: Any, load_target_model: Callable[[], An
             return None
         # the eagle model loads its head with the default window (model_repository/eagle)
         return RemoteEagleDrafter(infer, model_name=eagle_model, feature_layers=eagle.head_feature_layers(weights),
-                                  prompt_window=eagle.DEFAULT_PROMPT_WINDOW)
+                                  prompt_window=eagle.DEFAULT_PROMPT_WINDOW,
+                                  probe=head_probe(weights) if eagle_probe else None)
     if eagle_engine:
         return None  # a TensorRT-LLM target returns no hidden states to draft from here
     if target_model is None and load_target_model is not None:
@@ -180,7 +186,7 @@ def _eagle(tokenizer: Any, target_model: Any, load_target_model: Callable[[], An
     from banditspec.drafters.eagle import head_weights, load_default_eagle_drafter
 
     try:
-        return load_default_eagle_drafter(target_model, head_weights(eagle_head))
+        return load_default_eagle_drafter(target_model, head_weights(eagle_head), probe=eagle_probe)
     except BanditSpecValidationError as exc:  # the shipped head is for another target
         log.warning("eagle arm not served: %s", exc)
         return None

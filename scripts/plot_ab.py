@@ -1,0 +1,51 @@
+"""Draw A/B runs (the JSON files scripts/ab_common.report writes): for each run, tokens/s of
+FIRST over SECOND per workload and pooled, as grouped bars around 1.0.
+
+    .venv/bin/python scripts/plot_ab.py FIRST SECOND OUT.png LABEL=RUN.json [LABEL=RUN.json ...]
+"""
+
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def ratios(path: str, first: str, second: str) -> dict[str, float]:
+    with open(path) as f:
+        data = json.load(f)
+    col = {name: i for i, name in enumerate(data["columns"])}
+    rows = data["rows"]
+    out = {}
+    for workload in [*dict.fromkeys(r[col["workload"]] for r in rows), "all"]:
+        rate = {}
+        for method in (first, second):
+            rs = [r for r in rows if r[col["method"]] == method and workload in ("all", r[col["workload"]])]
+            rate[method] = sum(r[col["tokens"]] for r in rs) / sum(r[col["seconds"]] for r in rs)
+        out[workload] = rate[first] / rate[second]
+    return out
+
+
+def main() -> int:
+    first, second, out, *runs = sys.argv[1:]
+    series = [(label, ratios(path, first, second)) for label, path in (run.split("=", 1) for run in runs)]
+    workloads = list(dict.fromkeys(w for _, r in series for w in r))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, (label, r) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(workloads))]
+        ax.bar(xs, [r.get(w, float("nan")) - 1 for w in workloads], width, bottom=1, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(workloads)), workloads)
+    ax.set_ylabel(f"tokens/s, {first} / {second}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
