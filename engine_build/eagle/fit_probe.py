@@ -40,8 +40,10 @@ CALIBRATION_EDGES = (0.0, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 1.0001)
 
 
 def positions(engine, drafter, ids: list[int], max_new: int, eos: int):
-    """(feature rows [n, F], hit [n], would-draft [n]) at each generated position of a greedy
-    continuation of ``ids``: the feature that produced the latest token, and the head's preview."""
+    """(feature rows [n, F], hit [n]) at each generated position of a greedy continuation of
+    ``ids``: the feature that produced the latest token, and whether the head's preview hits.
+    Decoded and featurised by the serving engine (not banditspec_train's transformers
+    helpers), so the rows are exactly those the controller's probe reads."""
     seq = list(ids)
     for _ in range(max_new):
         (result,) = engine.verify([VerifyRequest(input_ids=np.asarray(seq, np.int32), end_id=eos)])
@@ -55,16 +57,15 @@ def positions(engine, drafter, ids: list[int], max_new: int, eos: int):
     session = drafter.start(ids)
     start = len(ids)
     if len(seq) < start + 2:
-        return np.zeros((0, features.shape[1]), np.float32), np.zeros(0, bool), np.zeros(0, bool)
+        return np.zeros((0, features.shape[1]), np.float32), np.zeros(0, bool)
     session.observe([seq[start]], features[session.first_feature:start])
-    rows, hits, drafts = [], [], []
+    rows, hits = [], []
     for n in range(start + 1, len(seq)):  # the preview predicts seq[n]; the latest feature row is n - 2
         preview = session.preview()
         rows.append(features[n - 2])
-        drafts.append(not preview.declines)
         hits.append(not preview.declines and preview.token == seq[n])
         session.observe([seq[n]], features[n - 1:n])
-    return np.stack(rows), np.asarray(hits), np.asarray(drafts)
+    return np.stack(rows), np.asarray(hits)
 
 
 def logistic(x: np.ndarray, y: np.ndarray, l2: float, iters: int = 50) -> tuple[np.ndarray, float]:
@@ -117,7 +118,7 @@ def main() -> int:
     prompts = [(w, p) for w in WORKLOADS for p in load_workload(w, args.prompts)]
     for index, (workload, prompt) in enumerate(tqdm(prompts, desc="greedy + previews")):
         ids = prompt_ids(tokenizer, prompt.text, chat=True)
-        rows, hits, _ = positions(engine, drafter, ids, args.max_new_tokens, int(tokenizer.eos_token_id))
+        rows, hits = positions(engine, drafter, ids, args.max_new_tokens, int(tokenizer.eos_token_id))
         xs.append(rows)
         ys.append(hits)
         group += [index] * len(hits)

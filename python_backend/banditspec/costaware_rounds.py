@@ -16,10 +16,10 @@ are learned when it is pulled, one token beyond the chosen length while they are
 known). A costly drafter without previews is chosen blind: a decline (an empty proposal)
 is scored as a first token not accepted, and the round takes the best cheap proposal. A
 blind drafter's ``hint`` (Eagle's first-token probe: the calibrated chance that a pull now
-starts with an accepted token, from the target's latest features, no call) is its first
-position's hazard as it stands (no optimism: nothing to explore there) and, in levels
-(``hint_level``), the context its deeper positions are learned in; below ``HINT_FLOOR`` it is
-not offered that round."""
+starts with an accepted token, from the target's latest features, no call) prices its first
+position, blended with what pulls at the hint's level yielded (no optimism:
+``CostAwarePolicy._hinted_first``); the level (``hint_level``) is the context its pulls are
+learned in; below ``HINT_FLOOR`` it is not offered that round."""
 
 from __future__ import annotations
 
@@ -107,8 +107,10 @@ class CostAwareRounds:
                     previewing.append((index, replace(candidate, previewed=True)))
                     continue
                 chance = None if hint is None else hint(arm)
+                if index not in available:
+                    continue  # its hint failed: the drafter was dropped
                 if chance is not None:
-                    if chance < HINT_FLOOR or index not in available:
+                    if chance < HINT_FLOOR:
                         continue  # a pull would (almost) surely miss, or it cannot draft now
                     candidate = replace(candidate, bucket=context_bucket(hint_level(chance)), first_hazard=chance)
                 costly.append(candidate)

@@ -230,6 +230,20 @@ def test_a_pulled_hinted_drafters_draft_is_scored_in_its_hints_level():
     assert local.offered[0].sum() == 0
 
 
+def test_a_drafter_dropped_while_giving_its_hint_is_not_offered():
+    """A failing hint drops the drafter (RequestDrafters.hint: None, its arms leave ``available``):
+    the round goes on without it instead of choosing an arm no longer served."""
+    h = Harness({"e": Costly()}, {"e": lambda s, n: [1] * n}, curve=STEEP)
+
+    def failing(sequence):
+        h.available.remove(0)
+        return None
+
+    h.hints = {"e": failing}
+    index, draft = h.choose([5, 6])
+    assert index is None and len(draft) == 0 and h.calls == [] and h.candidates[-1] == []
+
+
 def test_without_a_hint_a_blind_drafter_keeps_the_plain_context():
     h = Harness({"e": Costly()}, {"e": lambda s, n: []}, hints={"e": lambda s: None})
     h.choose([5, 6])
