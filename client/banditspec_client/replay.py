@@ -6,7 +6,8 @@
 2. Replay, per cost model of the platform and per workload: plain decoding, every fixed
    arm at every gamma, the per-prompt oracle (best fixed arm per prompt in hindsight),
    the per-step oracle (best choice at every step), ucbspec, exp3spec and costaware (and
-   ``costaware/k-only``: the same controller pricing rounds by k alone, without context).
+   ``costaware/k-only``: the same controller pricing rounds by k alone, without context, and
+   ``costaware/rate``: maximising the long-run rate instead of each round's tokens per second).
    Time comes from the cost model: ``steep`` (the CPU engine before its fast kernels),
    ``flat`` (a GPU-like curve), ``measured`` (``bench-engine``'s fast-kernel curve at one
    context), ``surface`` (``bench-engine --contexts``: verify cost by k AND context, the
@@ -36,6 +37,7 @@ ENGINE_JSON = Path("docs/benchmarks/engine/engine_cost.json")
 SURFACE_JSON = Path("docs/benchmarks/engine/engine_surface.json")  # bench-engine --contexts
 ADAPTIVE = ("costaware", "ucbspec", "exp3spec")
 K_ONLY = "costaware/k-only"  # costaware pricing rounds by k alone (no context): what context pricing adds
+RATE = "costaware/rate"  # costaware maximising E - rate * C (its objective "rate") instead of each round's E / C
 COSTLY = ("eagle",)  # drafters that propose only when chosen (bandit feedback, a cost per call)
 # Eagle's cost per call (its catch-up included) and per drafted token, in one-token verifies:
 # the live cost model's draft_costs after costaware ran 18 prompts in process (6 chat, 6 code,
@@ -275,7 +277,7 @@ def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters
     from banditspec.replay import per_step_oracle_seconds, replay_policy
 
     fixed = [f"fixed:{d}@{g}" for d in drafters for g in range(1, max_draft_len + 1)]
-    methods = ["vanilla", *fixed, *ADAPTIVE, K_ONLY]
+    methods = ["vanilla", *fixed, *ADAPTIVE, K_ONLY, RATE]
     results: dict = {}
     for cost in costs:
         platform = _surface_model(17, surface) if cost == "surface" else _cost_model(_curve(cost), 17)
@@ -287,9 +289,10 @@ def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters
         per_method = {}
         for method in tqdm(methods, desc=f"replay ({cost})"):
             own = CostModel(max(17, max_draft_len + 1), min_spread=math.inf) if method == K_ONLY else None
-            per_method[method] = replay_policy(traces, "costaware" if method == K_ONLY else method, drafters, platform,
-                                               max_draft_len=max_draft_len, eos_id=eos_id, costly=costly,
-                                               cost_model=own, preview_seconds=previews)["rows"]
+            per_method[method] = replay_policy(traces, "costaware" if method in (K_ONLY, RATE) else method, drafters,
+                                               platform, max_draft_len=max_draft_len, eos_id=eos_id, costly=costly,
+                                               cost_model=own, preview_seconds=previews,
+                                               objective="rate" if method == RATE else "ratio")["rows"]
         oracle_step = []
         for trace, row in zip(traces, per_method["vanilla"]):
             oracle_step.append(per_step_oracle_seconds(trace, platform, max_draft_len, drafters, n=row["tokens"] + (1 if trace.target[-1] == eos_id else 0),
@@ -332,7 +335,7 @@ def _markdown(summary: dict, args, n_traces: int, results: dict) -> str:
     for cost, per_workload in summary.items():
         curve = results[cost]["curve"]
         lines += [f"### cost model `{cost}`: verify(k)/verify(1) for k = 1..9: {', '.join(f'{c:.2f}' for c in curve)}", ""]
-        cols = ["costaware", K_ONLY, "ucbspec", "exp3spec", "best fixed", "oracle/prompt", "oracle/step"]
+        cols = ["costaware", K_ONLY, RATE, "ucbspec", "exp3spec", "best fixed", "oracle/prompt", "oracle/step"]
         lines += ["| workload | " + " | ".join(cols) + " | costaware / best fixed | costaware / oracle per prompt |",
                   "|---|" + "---|" * (len(cols) + 2)]
         for workload, table in per_workload.items():

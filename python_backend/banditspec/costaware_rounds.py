@@ -123,7 +123,7 @@ class CostAwareRounds:
                 drafts[index] = draft
         if lazy:
             floor = controller.best([Candidate(arms[i].drafter, len(d), self._bucket(arms[i].drafter, d, drafts))
-                                     for i, d in drafts.items()], limit, position).utility
+                                     for i, d in drafts.items()], limit, position).value
             for index, cap in lazy:
                 name = arms[index].drafter
                 known = buckets_after(self._last_first.get(name, (0, None))[1])
@@ -141,7 +141,7 @@ class CostAwareRounds:
         if previewing and preview is not None:
             # A preview costs a head call: asked only when the drafter, in its most favourable
             # context, could beat what the cheap proposals already offer.
-            floor = controller.best(candidates, limit, position).utility
+            floor = controller.best(candidates, limit, position).value
             for index, candidate in previewing:
                 if index not in available or controller.utility_bound(candidate, limit, position) <= floor:
                     continue

@@ -9,7 +9,7 @@ import time
 from typing import Iterable, Mapping, Sequence
 
 from banditspec.bandits.cost_model import CostModel
-from banditspec.bandits.costaware import SharedAcceptance
+from banditspec.bandits.costaware import OBJECTIVES, SharedAcceptance
 from banditspec.bandits.registry import ResolvedPolicy, resolve_policy
 from banditspec.config import GenerationRequest, Limits, validate_request
 from banditspec.decoding import DecodingSession
@@ -38,6 +38,7 @@ class SpeculativeDecoder:
         cost_model: CostModel | None = None,
         shared_acceptance: SharedAcceptance | None = None,
         clock=time.perf_counter,
+        costaware_objective: str = "ratio",
     ):
         self.drafters = dict(drafters)
         self.vocab_size = vocab_size
@@ -56,6 +57,10 @@ class SpeculativeDecoder:
         top = limits.max_draft_len
         self.cost_model = cost_model or CostModel(top + 1)
         self.shared_acceptance = shared_acceptance or SharedAcceptance(top)
+        # what costaware maximises (bandits.costaware: "ratio", or "rate")
+        if costaware_objective not in OBJECTIVES:
+            raise BanditSpecValidationError("costaware_objective", f"must be one of {OBJECTIVES}, got {costaware_objective!r}")
+        self.costaware_objective = costaware_objective
         self.clock = clock
 
     @classmethod

@@ -56,6 +56,7 @@ class DecoderView(Protocol):
     budget: SpeculationBudget
     cost_model: CostModel
     shared_acceptance: SharedAcceptance
+    costaware_objective: str
     clock: Callable[[], float]
 
     def state_readers(self, names: Iterable[str]) -> tuple[list[Drafter], tuple[int, ...]]: ...
@@ -82,6 +83,7 @@ class DecodingSession:
             reward=request.reward,
             cost_model=decoder.cost_model,
             shared_acceptance=decoder.shared_acceptance,
+            costaware_objective=decoder.costaware_objective,
         )
         # costaware chooses (drafter, gamma) itself; the others choose an arm index
         self.controller: CostAwarePolicy | None = chosen if isinstance(chosen, CostAwarePolicy) else None

@@ -40,13 +40,13 @@ class TimedEngine:
         return self.engine.verify(requests)
 
 
-def timed_decoder(relative, **drafter_fns):
+def timed_decoder(relative, objective: str = "ratio", **drafter_fns):
     clock = VirtualClock()
     engine = TimedEngine(MockEngine(), clock, relative)
     drafters = {name: ScriptedDrafter(name, fn(engine.engine)) for name, fn in drafter_fns.items()}
     decoder = SpeculativeDecoder(drafters=drafters, vocab_size=engine.vocab_size, max_context=engine.max_context,
                                  eos_id=engine.eos_id, drafter_deadline_s=None, clock=clock,
-                                 cost_model=CostModel.fixed(relative, 0.05))
+                                 cost_model=CostModel.fixed(relative, 0.05), costaware_objective=objective)
     return decoder, engine
 
 
@@ -196,18 +196,62 @@ def test_cost_model_does_not_price_context_it_has_not_seen_vary_or_that_comes_ou
     assert calibration_plan(2, (10, 20, 30)) == [(10, [1, 2]), (20, [1, 2]), (30, [1, 2])]
 
 
-def test_a_known_surface_from_a_table_and_the_controller_drafts_shorter_on_a_long_context():
+@pytest.mark.parametrize("objective", ["rate", "ratio"])
+def test_a_known_surface_from_a_table_and_the_controller_drafts_shorter_on_a_long_context(objective):
     table = {c: {k: surface(k, c) for k in (1, 2, 3, 5)} for c in (64, 1024)}
     model = CostModel.from_table(table)
     assert model.calibrated and model.verify_seconds(5, 64) == pytest.approx(surface(5, 64))
     assert model.verify_seconds(4, 64) == pytest.approx(surface(4, 64))  # between measured k: the line
     assert model.verify_seconds(5, 1024) == pytest.approx(surface(5, 1024))
-    policy = CostAwarePolicy(["d"], 4, model, None)
+    shared = SharedAcceptance(4)
+    for _ in range(20):  # the server's rounds so far: ~3 tokens per round at the short context's cost
+        shared.record_round(3.0, model.verify_seconds(4, 64))
+    policy = CostAwarePolicy(["d"], 4, model, shared, objective=objective)
     for _ in range(60):  # right 70 % at each position: P(accepted >= j) = 0.7^j
         for accepted in (4, 4, 4, 2, 1, 0) if _ % 2 else (4, 3, 3, 2, 1, 0):
             policy.record("d", 0, 4, accepted, 4)
     short, long = (policy.choose([Candidate("d", 4)], 4, context) for context in (64, 3000))
     assert short.gamma > long.gamma >= 0
+
+
+def test_the_rate_objective_drafts_further_in_a_round_better_than_usual_and_less_in_a_worse_one():
+    """Dinkelbach: maximising E - rate * C (rate: the throughput achieved) serves the long-run
+    tokens per second; a round's own ratio E / C stops too early when the round is better
+    than the usual one (its marginal token is still worth more than the average) and too
+    late when it is worse."""
+    model = CostModel.fixed([1.0 + 0.2 * i for i in range(9)], 0.05)  # each token fed: +0.2 of one
+    shared = SharedAcceptance(8)
+    for _ in range(50):  # the server achieves 2 tokens per one-token round's time
+        shared.record_round(2.0, 0.05)
+    choices = {}
+    for objective in ("rate", "ratio"):
+        policy = CostAwarePolicy(["good", "poor"], 8, model, shared, objective=objective, prior_weight=0.0)
+        for _ in range(1000):  # good: P(accepted >= j) ~ 0.9^j; poor: ~ 0.3^j
+            for name, p in (("good", 0.9), ("poor", 0.3)):
+                for j in range(8):
+                    policy.local[name].offered[0, j] += 1.0
+                    policy.local[name].accepted[0, j] += p
+        choices[objective] = {name: policy.best([Candidate(name, 8)], 8).gamma for name in ("good", "poor")}
+    assert choices["rate"]["good"] > choices["ratio"]["good"]
+    assert choices["rate"]["poor"] < choices["ratio"]["poor"]
+
+
+def test_the_rate_is_the_requests_rounds_seeded_with_the_servers():
+    model = CostModel.fixed(FLAT[:5], 0.05)
+    cold = CostAwarePolicy(["d"], 4, model, SharedAcceptance(4))
+    assert cold.rate(0.05) == pytest.approx(1 / 0.05)  # a cold server: plain decoding's rate
+    shared = SharedAcceptance(4)
+    shared.record_round(3.0, 0.06)
+    assert shared.rate() == pytest.approx(50.0)
+    policy = CostAwarePolicy(["d"], 4, model, shared)
+    assert policy.rate(0.05) == pytest.approx(50.0)
+    shared.record_round(1.0, 1.0)  # later rounds elsewhere: the request keeps its snapshot
+    assert policy.rate(0.05) == pytest.approx(50.0)
+    choice = policy.choose([], 4)  # plain: 1 token in 0.05 s, against 10 rounds' worth (0.5 s) at 50
+    assert choice.drafter is None and choice.seconds == pytest.approx(0.05)
+    assert policy.rate(0.05) == pytest.approx((1.0 + 50.0 * 0.5) / (0.05 + 0.5))
+    with pytest.raises(ValueError, match="objective"):
+        CostAwarePolicy(["d"], 4, model, None, objective="fastest")
 
 
 # --- decisions ----------------------------------------------------------------------------

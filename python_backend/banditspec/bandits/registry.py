@@ -102,11 +102,14 @@ def build_policy(
     reward: str,
     cost_model: CostModel,
     shared_acceptance: SharedAcceptance,
+    costaware_objective: str = "ratio",
 ) -> Policy | CostAwarePolicy:
     """A fresh policy for one request: a :class:`CostAwarePolicy` for costaware (it chooses
-    a drafter and gamma), else an index bandit over ``resolved.arms``."""
+    a drafter and gamma; ``costaware_objective``: see its module), else an index bandit over
+    ``resolved.arms``."""
     if resolved.kind == COSTAWARE:
-        return CostAwarePolicy([a.drafter for a in resolved.arms], max_draft_len, cost_model, shared_acceptance)
+        return CostAwarePolicy([a.drafter for a in resolved.arms], max_draft_len, cost_model, shared_acceptance,
+                               objective=costaware_objective)
     if resolved.kind == VANILLA:
         return VanillaPolicy()
     if resolved.kind == FIXED:
