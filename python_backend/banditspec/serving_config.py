@@ -101,6 +101,7 @@ class ServingConfig:
     gamma_controller_max: int = 4
     metrics: bool = True
     metrics_log_interval_s: float = 60.0  # 0: no summary log line
+    gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.heap)
     # Reference target: concurrent sequences' steps go out as one request of up to
     # verify_max_rows rows (the target's max_batch_size), a step waiting at most
     # verify_gather_us for the others (0: a request per step; banditspec.engine.gather).
@@ -147,6 +148,7 @@ class ServingConfig:
             gamma_controller_max=p.integer("gamma_controller_max", 4),
             metrics=p.flag("metrics", True),
             metrics_log_interval_s=p.number("metrics_log_interval_s", 60.0, low=0, unit=" of seconds"),
+            gc_freeze=p.flag("gc_freeze", True),
             verify_gather_us=p.integer("verify_gather_us", 2000, low=0),
             verify_max_rows=p.integer("verify_max_rows", 16, low=1),
         )
@@ -166,6 +168,7 @@ class TargetModelConfig:
     cache_entries: int = 16
     torch_threads: int = 0  # 0: torch's default
     kernels: str = "fast"  # fast (panel, bitwise exact) | onednn | transformers (fp32) | int8 (not exact)
+    gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.heap)
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "TargetModelConfig":
@@ -176,6 +179,7 @@ class TargetModelConfig:
             cache_entries=p.integer("cache_entries", 16),
             torch_threads=p.integer("torch_threads", 0),
             kernels=p.text("kernels", "fast"),
+            gc_freeze=p.flag("gc_freeze", True),
         )
 
 
@@ -189,6 +193,7 @@ class EagleModelConfig:
     min_confidence: float | None = None  # None (absent or ""): the head's own tuned cut-off
     eagle_head: str = ""  # "" (default) | eagle1 | eagle3: the shipped head served
     torch_threads: int = 1
+    gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.heap)
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "EagleModelConfig":
@@ -201,6 +206,7 @@ class EagleModelConfig:
             min_confidence=None if raw_confidence in (None, "") else p.number("min_confidence", 0.0),
             torch_threads=p.integer("torch_threads", 1),
             eagle_head=check_eagle_head(p.text("eagle_head", "")),
+            gc_freeze=p.flag("gc_freeze", True),
         )
 
 

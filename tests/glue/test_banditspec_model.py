@@ -151,3 +151,20 @@ def test_target_adapter_verifies_a_batch_in_one_engine_call(stack):
     responses = target.execute(reqs)
     assert engine.batches[-1] == 3
     assert all(not r.has_error() for r in responses)
+
+
+def test_initialize_freezes_the_loaded_heap_unless_told_not_to(monkeypatch):
+    """gc_freeze (default true): every model's initialize leaves what loading allocated out of
+    the cyclic collector's walks (banditspec.heap); "false" leaves the heap as it was."""
+    import gc
+
+    import banditspec.engine.reference as reference
+
+    monkeypatch.setattr(reference.ReferenceEngine, "from_name", classmethod(lambda cls, name, **kw: CountingMock()))
+    target_module = load_model_module("target", fake_pb_utils.make_module(lambda *a: None))
+    gc.unfreeze()
+    target_module.TritonPythonModel().initialize(config_args("target", gc_freeze="false"))
+    assert gc.get_freeze_count() == 0
+    target_module.TritonPythonModel().initialize(config_args("target"))
+    assert gc.get_freeze_count() > 1000  # this process's modules, at least
+

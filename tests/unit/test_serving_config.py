@@ -60,6 +60,16 @@ def test_eagle_head_is_checked_by_name():
             make({"eagle_head": "eagle2"})
 
 
+def test_gc_freeze_is_a_flag_on_by_default_in_every_model():
+    from banditspec.serving_config import EagleModelConfig, TargetModelConfig
+
+    for config in (ServingConfig, TargetModelConfig, EagleModelConfig):
+        assert config.from_parameters({}).gc_freeze is True
+        assert config.from_parameters({"gc_freeze": "false"}).gc_freeze is False
+        with pytest.raises(BanditSpecValidationError, match="gc_freeze"):
+            config.from_parameters({"gc_freeze": "sometimes"})
+
+
 def test_eagle_probe_is_a_flag_on_by_default():
     assert ServingConfig.from_parameters({}).eagle_probe is True
     assert ServingConfig.from_parameters({"eagle_probe": "false"}).eagle_probe is False

@@ -14,6 +14,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from banditspec.errors import EngineError
+from banditspec.heap import freeze_heap
 from banditspec.metrics import build_serving_metrics, triton_family_factory
 from banditspec.serving import INPUT_KINDS, stats_json
 from banditspec.serving_config import ServingConfig, model_parameters
@@ -139,6 +140,8 @@ class TritonPythonModel:
         self.shutting_down = threading.Event()
         workers = self.controller.defaults.max_concurrent_sequences + 4
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="banditspec")
+        if config.gc_freeze:
+            freeze_heap()
 
     def execute(self, requests):
         for request in requests:

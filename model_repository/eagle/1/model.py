@@ -7,6 +7,7 @@ import triton_python_backend_utils as pb_utils
 
 from banditspec.drafters.eagle_service import EAGLE_INPUTS, call_from_tensors
 from banditspec.errors import BanditSpecValidationError
+from banditspec.heap import freeze_heap
 from banditspec.serving_config import EagleModelConfig, model_parameters
 
 log = logging.getLogger("banditspec.eagle")
@@ -37,6 +38,8 @@ class TritonPythonModel:
             max_draft_len=config.max_draft_len_limit,
         )
         del model  # the drafter keeps the embedding only
+        if config.gc_freeze:
+            freeze_heap()
 
     def execute(self, requests):
         return [self._one(request) for request in requests]

@@ -14,6 +14,7 @@ from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
 from banditspec.engine.reference import validate_request
 from banditspec.engine.tensor_codec import decode_requests, encode_results
 from banditspec.errors import BanditSpecValidationError
+from banditspec.heap import freeze_heap
 from banditspec.metrics import TargetEngineMetrics, sample_engine, triton_family_factory
 from banditspec.serving_config import TargetModelConfig, model_parameters
 
@@ -48,6 +49,8 @@ class TritonPythonModel:
             model=args.get("model_name", "target"),
             version=args.get("model_version", "1"),
         )
+        if config.gc_freeze:
+            freeze_heap()
 
     def execute(self, requests):
         # A request carries one sequence or several (rows: the controller sends the steps of
