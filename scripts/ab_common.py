@@ -13,6 +13,20 @@ COLUMNS = ["workload", "prompt", "method", "tokens", "seconds", "decode_seconds"
 WORKLOADS = ("code", "code-edit", "chat", "mixed")
 
 
+def held_out(workloads: Iterable[str], n: int, skip: int) -> list:
+    """(workload, its prompts SKIP .. SKIP + N - 1 in the benchmark's order) for each workload."""
+    from banditspec_client.bench.workloads import load_workload
+
+    return [(w, load_workload(w, skip + n)[skip:]) for w in workloads]
+
+
+def tokens_per_second(rows: list, method: str, workload: str = "all", decode: bool = False) -> float:
+    """``method``'s tokens per second over its rows of ``workload`` ("all": every workload),
+    counting the whole request or (``decode``) its decode steps only."""
+    rs = [r for r in rows if r[2] == method and workload in ("all", r[0])]
+    return sum(r[3] for r in rs) / sum(r[5 if decode else 4] for r in rs)
+
+
 def triton_runner(methods: Sequence, parameters: Callable[[object], dict]):
     """A TritonRunner class that serves each method from its own copy of the controller model
     (its own cost model and server-wide statistics) with ``parameters(method)`` set on it."""
@@ -70,8 +84,8 @@ def report(rows: list, first: str, second: str, out: str, workloads: tuple[str, 
             continue  # a workload the script did not run
         for m in (first, second):
             rs = [r for r in rows if (w == "all" or r[0] == w) and r[2] == m]
-            agg[m] = (sum(r[3] for r in rs) / sum(r[4] for r in rs), sum(r[6] for r in rs) / sum(r[7] for r in rs),
-                      sum(r[3] for r in rs) / sum(r[5] for r in rs))
+            agg[m] = (tokens_per_second(rows, m, w), sum(r[6] for r in rs) / sum(r[7] for r in rs),
+                      tokens_per_second(rows, m, w, decode=True))
         same = all(len({r[8] for r in rows if r[0] == ww and r[1] == i}) == 1 for ww, i in {(r[0], r[1]) for r in rows})
         print(f"{w:10s} {first}/{second} tokens/s {agg[first][0] / agg[second][0]:.3f}  decode "
               f"{agg[first][2] / agg[second][2]:.3f}  rest ms/step {agg[first][1]:.2f} vs {agg[second][1]:.2f}  "

@@ -15,9 +15,8 @@ import torch
 from banditspec_client.bench.in_process import InProcessRunner
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
-from banditspec_client.bench.workloads import load_workload
 
-from ab_common import interleaved, report
+from ab_common import held_out, interleaved, report
 
 torch.set_num_threads(1)
 n, skip, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -43,5 +42,5 @@ class Runner(InProcessRunner):
 
 runner = Runner(RunSettings())
 assert "eagle" in runner.adaptive_arms, runner.unavailable
-prompts = [(w, load_workload(w, skip + n)[skip:]) for w in ("code", "code-edit", "chat")]
+prompts = held_out(("code", "code-edit", "chat"), n, skip)
 report(interleaved(prompts, methods, lambda p, m: runner.run(p, m, 64)), "no-eagle", "with-eagle", out)

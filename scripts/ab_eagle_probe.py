@@ -19,9 +19,8 @@ import torch
 from banditspec_client.bench.in_process import InProcessRunner
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
-from banditspec_client.bench.workloads import load_workload
 
-from ab_common import WORKLOADS, interleaved, report, triton_runner
+from ab_common import WORKLOADS, held_out, interleaved, report, triton_runner
 
 mode, n, skip, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 workloads = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 else WORKLOADS
@@ -47,18 +46,14 @@ class LocalRunner(InProcessRunner):
 TritonRunner = triton_runner(methods, lambda m: {"eagle_probe": str(m.name == "probe").lower()})
 
 
-def prompts():
-    return [(w, load_workload(w, skip + n)[skip:]) for w in workloads]
-
-
 if mode == "in-process":
     runner = LocalRunner(RunSettings())
     assert "eagle" in runner.adaptive_arms and runner.shared_drafters["eagle"].probe is not None
-    rows = interleaved(prompts(), methods, lambda p, m: runner.run(p, m, 64))
+    rows = interleaved(held_out(workloads, n, skip), methods, lambda p, m: runner.run(p, m, 64))
 elif mode == "triton":
     with TritonRunner(RunSettings(threads=1), methods) as runner:
         assert "eagle" in runner.adaptive_arms, runner.served
-        rows = interleaved(prompts(), methods, lambda p, m: runner.run(p, m, 64))
+        rows = interleaved(held_out(workloads, n, skip), methods, lambda p, m: runner.run(p, m, 64))
 else:
     raise SystemExit(f"mode must be in-process or triton, got {mode!r}")
 report(rows, "probe", "blind", out, workloads)

@@ -18,16 +18,15 @@ import numpy as np
 
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
-from banditspec_client.bench.workloads import load_workload
 
-from ab_common import WORKLOADS, interleaved, report, triton_runner
+from ab_common import WORKLOADS, held_out, interleaved, report, triton_runner
 
 n, skip, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 workloads = tuple(sys.argv[4].split(",")) if len(sys.argv) > 4 else WORKLOADS
 base = parse_methods("costaware")[0]
 methods = [dataclasses.replace(base, name="frozen"), dataclasses.replace(base, name="unfrozen")]
 TritonRunner = triton_runner(methods, lambda m: {"gc_freeze": str(m.name == "frozen").lower()})
-prompts = [(w, load_workload(w, skip + n)[skip:]) for w in workloads]
+prompts = held_out(workloads, n, skip)
 outside: dict[str, list[float]] = {m.name: [] for m in methods}  # ms outside the target, per decode step
 
 

@@ -12,20 +12,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ab_common import COLUMNS, tokens_per_second  # noqa: E402
+
 
 def ratios(path: str, first: str, second: str) -> dict[str, float]:
     with open(path) as f:
         data = json.load(f)
-    col = {name: i for i, name in enumerate(data["columns"])}
+    assert data["columns"] == COLUMNS, f"{path}: not an ab_common.report file"
     rows = data["rows"]
-    out = {}
-    for workload in [*dict.fromkeys(r[col["workload"]] for r in rows), "all"]:
-        rate = {}
-        for method in (first, second):
-            rs = [r for r in rows if r[col["method"]] == method and workload in ("all", r[col["workload"]])]
-            rate[method] = sum(r[col["tokens"]] for r in rs) / sum(r[col["seconds"]] for r in rs)
-        out[workload] = rate[first] / rate[second]
-    return out
+    return {workload: tokens_per_second(rows, first, workload) / tokens_per_second(rows, second, workload)
+            for workload in [*dict.fromkeys(r[0] for r in rows), "all"]}
 
 
 def main() -> int:

@@ -238,12 +238,12 @@ def test_the_rate_objective_drafts_further_in_a_round_better_than_usual_and_less
 
 def test_the_rate_is_the_requests_rounds_seeded_with_the_servers():
     model = CostModel.fixed(FLAT[:5], 0.05)
-    cold = CostAwarePolicy(["d"], 4, model, SharedAcceptance(4))
+    cold = CostAwarePolicy(["d"], 4, model, SharedAcceptance(4), objective="rate")
     assert cold.rate(0.05) == pytest.approx(1 / 0.05)  # a cold server: plain decoding's rate
     shared = SharedAcceptance(4)
     shared.record_round(3.0, 0.06)
     assert shared.rate() == pytest.approx(50.0)
-    policy = CostAwarePolicy(["d"], 4, model, shared)
+    policy = CostAwarePolicy(["d"], 4, model, shared, objective="rate")
     assert policy.rate(0.05) == pytest.approx(50.0)
     shared.record_round(1.0, 1.0)  # later rounds elsewhere: the request keeps its snapshot
     assert policy.rate(0.05) == pytest.approx(50.0)
@@ -252,6 +252,9 @@ def test_the_rate_is_the_requests_rounds_seeded_with_the_servers():
     assert policy.rate(0.05) == pytest.approx((1.0 + 50.0 * 0.5) / (0.05 + 0.5))
     with pytest.raises(ValueError, match="objective"):
         CostAwarePolicy(["d"], 4, model, None, objective="fastest")
+    untouched = SharedAcceptance(4)
+    CostAwarePolicy(["d"], 4, model, untouched).choose([], 4)  # the default ratio keeps no rate
+    assert untouched.rate() is None
 
 
 # --- decisions ----------------------------------------------------------------------------

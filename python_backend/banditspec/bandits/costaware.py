@@ -239,10 +239,11 @@ class CostAwarePolicy:
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         self.objective = objective
-        # the request's chosen rounds so far: expected tokens, seconds (the rate's evidence)
+        # objective "rate": the request's chosen rounds so far, expected tokens and seconds (the
+        # rate's evidence), and the server's rate when the request began (a snapshot: reproducible)
         self._round_tokens = 0.0
         self._round_seconds = 0.0
-        self._server_rate = shared.rate() if shared is not None else None  # a snapshot: reproducible
+        self._server_rate = shared.rate() if shared is not None and objective == "rate" else None
         self.drafters = list(drafters)
         self.max_len = max_len
         self.cost_model = cost_model
@@ -336,10 +337,11 @@ class CostAwarePolicy:
         the tokens before the round (prompt + generated), which the verify cost grows with."""
         best = self.best(candidates, gamma_cap, context)
         self.rounds += 1
-        self._round_tokens += best.expected_tokens
-        self._round_seconds += best.seconds
-        if self.shared is not None:
-            self.shared.record_round(best.expected_tokens, best.seconds)
+        if self.objective == "rate":  # the rate's evidence (the ratio needs none: no work per round)
+            self._round_tokens += best.expected_tokens
+            self._round_seconds += best.seconds
+            if self.shared is not None:
+                self.shared.record_round(best.expected_tokens, best.seconds)
         return best
 
     def best(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None) -> Choice:
