@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from banditspec.bandits.cost_model import CostModel
-from banditspec.bandits.costaware import (HINT_FLOOR, Candidate, CostAwarePolicy, buckets_after,
+from banditspec.bandits.costaware import (HINT_FLOOR, Candidate, Choice, CostAwarePolicy, buckets_after,
                                           confidence_level, context_bucket, hint_level)
 from banditspec.config import ArmSpec
 from banditspec.drafters.base import Draft, Drafter, Preview
@@ -121,13 +121,17 @@ class CostAwareRounds:
             draft = propose(arm, cap)
             if draft is not None and len(draft) > 0:
                 drafts[index] = draft
+        # The best of the eager cheap proposals (the lazy drafters' floor): the final choice
+        # goes on from it when the lazy proposals left their contexts as they were.
+        eager: list[Candidate] = []
+        floor: Choice | None = None
         if lazy:
-            floor = controller.best([Candidate(arms[i].drafter, len(d), self._bucket(arms[i].drafter, d, drafts))
-                                     for i, d in drafts.items()], limit, position).value
+            eager = [Candidate(arms[i].drafter, len(d), self._bucket(arms[i].drafter, d, drafts)) for i, d in drafts.items()]
+            floor = controller.best(eager, limit, position)
             for index, cap in lazy:
                 name = arms[index].drafter
                 known = buckets_after(self._last_first.get(name, (0, None))[1])
-                if index in available and controller.utility_bound(Candidate(name, cap), limit, position, known) > floor:
+                if index in available and controller.utility_bound(Candidate(name, cap), limit, position, known) > floor.value:
                     draft = propose(arms[index], cap)
                     if draft is not None and len(draft) > 0:
                         drafts[index] = draft
@@ -137,13 +141,17 @@ class CostAwareRounds:
             bucket = self._bucket(drafter_name, draft, drafts)
             self._open.append((drafter_name, bucket, position, draft.token_ids.tolist(), 0))
             candidates.append(Candidate(drafter_name, len(draft), bucket))
+        start: Choice | None = None  # the floor, while it is the best of candidates[:len(eager)]
+        if floor is not None and candidates[: len(eager)] == eager:
+            start = floor
         seen: dict[int, tuple[Preview, Candidate]] = {}  # arm index -> (preview, its candidate)
         if previewing and preview is not None:
             # A preview costs a head call: asked only when the drafter, in its most favourable
             # context, could beat what the cheap proposals already offer.
-            floor = controller.best(candidates, limit, position).value
+            start = controller.best(candidates, limit, position, start, len(eager))
+            eager = list(candidates)
             for index, candidate in previewing:
-                if index not in available or controller.utility_bound(candidate, limit, position) <= floor:
+                if index not in available or controller.utility_bound(candidate, limit, position) <= start.value:
                     continue
                 first = preview(arms[index])
                 if first is None or first.declines or index not in available:
@@ -153,7 +161,7 @@ class CostAwareRounds:
                 seen[index] = (first, replace(candidate, bucket=bucket))
                 candidates.append(seen[index][1])
         candidates += costly
-        choice = controller.choose(candidates, limit, position)
+        choice = controller.choose(candidates, limit, position, start, len(eager))  # from the best already priced
         chosen = None if choice.drafter is None else next(i for i in available if arms[i].drafter == choice.drafter)
         for index, (first, candidate) in seen.items():
             if index != chosen:  # its first token is scored as if it had been offered
@@ -195,6 +203,16 @@ class CostAwareRounds:
         first = int(draft.token_ids[0])
         agreed = sum(int(d.token_ids[0]) == first for d in drafts.values()) > 1
         return context_bucket(draft.match_len, agreed, self._last_first.get(drafter, (0, None))[1])
+
+    def note_firsts(self, sequence: Sequence[int]) -> None:
+        """What :meth:`score` concludes about each drafter's latest decided first token
+        (the next round's context), alone: when the scoring itself is deferred
+        (banditspec.bookkeeping), the next round still knows whether each drafter was just
+        right."""
+        known = len(sequence)
+        for drafter, _, start, tokens, _ in self._open:
+            if start < known and tokens and start >= self._last_first.get(drafter, (-1, False))[0]:
+                self._last_first[drafter] = (start, sequence[start] == tokens[0])
 
     def score(self, sequence: Sequence[int], final: bool = False) -> None:
         """Score each open proposal against the tokens known so far (``sequence``: prompt +

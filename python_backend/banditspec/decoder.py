@@ -11,6 +11,7 @@ from typing import Iterable, Mapping, Sequence
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import OBJECTIVES, SharedAcceptance
 from banditspec.bandits.registry import ResolvedPolicy, resolve_policy
+from banditspec.bookkeeping import make_bookkeeper
 from banditspec.config import GenerationRequest, Limits, validate_request
 from banditspec.decoding import DecodingSession
 from banditspec.drafters.base import Drafter
@@ -39,6 +40,7 @@ class SpeculativeDecoder:
         shared_acceptance: SharedAcceptance | None = None,
         clock=time.perf_counter,
         costaware_objective: str = "ratio",
+        bookkeeping: str = "now",
     ):
         self.drafters = dict(drafters)
         self.vocab_size = vocab_size
@@ -61,6 +63,10 @@ class SpeculativeDecoder:
         if costaware_objective not in OBJECTIVES:
             raise BanditSpecValidationError("costaware_objective", f"must be one of {OBJECTIVES}, got {costaware_objective!r}")
         self.costaware_objective = costaware_objective
+        # when a costaware step's learning runs (banditspec.bookkeeping): "now" (within the
+        # step), "deferred" (after the next choice, same thread) or "background" (a thread,
+        # while the target verifies the next round)
+        self.bookkeeper = make_bookkeeper(bookkeeping)
         self.clock = clock
 
     @classmethod

@@ -18,6 +18,8 @@ across requests (drafters, limits, engine facts, server-wide statistics) is the
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Callable, Generator, Iterable, Protocol
 
 import numpy as np
@@ -27,6 +29,7 @@ from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import CostAwarePolicy, SharedAcceptance
 from banditspec.costaware_rounds import CostAwareRounds
 from banditspec.bandits.registry import COSTAWARE, ResolvedPolicy, build_policy
+from banditspec.bookkeeping import Bookkeeper
 from banditspec.config import VANILLA_ARM, ArmSpec, GenerationRequest
 from banditspec.drafters.base import Draft, Drafter, Preview, first_feature
 from banditspec.drafting import RequestDrafters
@@ -57,6 +60,7 @@ class DecoderView(Protocol):
     cost_model: CostModel
     shared_acceptance: SharedAcceptance
     costaware_objective: str
+    bookkeeper: Bookkeeper | None
     clock: Callable[[], float]
 
     def state_readers(self, names: Iterable[str]) -> tuple[list[Drafter], tuple[int, ...]]: ...
@@ -97,6 +101,12 @@ class DecodingSession:
         self.finish_reason: str | None = None
         # (arm index, draft length, draft cut short by max_tokens/context, start time)
         self._pending: tuple[int | None, int, bool, float] | None = None
+        # The costaware controller's learning from the last step, when deferred (bookkeeping.py):
+        # (step index, gamma, verify seconds, step seconds, context, first step?), run by settle()
+        self._bookkeeper = decoder.bookkeeper if self._rounds is not None else None
+        self._unsettled: tuple[int, int, float, float, int, bool] | None = None
+        self._settle_lock = threading.Lock()
+        self._bookkeeping_error: Exception | None = None
         used = sorted({a.drafter for a in arms if a.drafter})
         self._drafters = RequestDrafters(decoder.drafters, used, self._prompt, vocab_size=decoder.vocab_size,
                                          deadline_s=decoder.drafter_deadline_s, on_drop=self._drop_arms)
@@ -145,6 +155,10 @@ class DecodingSession:
         hidden_from = -1
         if self._needs_hidden:
             hidden_from = self._hidden_from
+        if self._unsettled is not None and self._bookkeeper is not None:
+            # the last step's learning, while the target verifies (that step's only: a job
+            # that runs late, after apply() did it, must not settle a newer step early)
+            self._bookkeeper.submit(functools.partial(self.settle, self._unsettled[0]))
         return VerifyRequest(
             input_ids=np.asarray(self._sequence, dtype=np.int32),
             draft_ids=draft.token_ids.astype(np.int32, copy=False),
@@ -160,6 +174,7 @@ class DecodingSession:
         """Take the target's verdict for the pending step; returns what to stream."""
         if self._pending is None:
             raise RuntimeError("apply() without a pending next_verify()")
+        self._settled()  # the step before this one (normally done by the bookkeeper by now)
         arm_index, gamma, truncated, start = self._pending
         context = len(self._sequence)  # tokens before the round's (what the call attends to)
         verify_seconds = self._clock() - self._verify_started
@@ -184,11 +199,11 @@ class DecodingSession:
                 setattr(self.stats, name, (getattr(self.stats, name) or 0) + int(value))
         elapsed = self._clock() - start
         self._decoder.budget.record_step(gamma, len(output), elapsed)
-        if not first_step:  # the first step also prefills the prompt: not a round's cost
-            self._cost_model.observe(1 + gamma, verify_seconds, context)
-            self._cost_model.observe_overhead(max(0.0, elapsed - verify_seconds))
-        if self._rounds is not None:
-            self._rounds.score(self._sequence, final=self.finished)
+        self._unsettled = (len(self.stats.arms), gamma, verify_seconds, elapsed, context, first_step)
+        if self._bookkeeper is None or self._rounds is None or self.finished:
+            self._settled()
+        else:  # the next round's context, now; its learning, later
+            self._rounds.note_firsts(self._sequence)
         if self.controller is not None:
             arm_name = f"{self.arms[arm_index].drafter}@{gamma}" if arm_index is not None and gamma else VANILLA_ARM
         else:
@@ -217,7 +232,37 @@ class DecodingSession:
 
     def cancel(self) -> None:
         if not self.finished:
+            self.settle()
             self._finish(FINISH_CANCELLED)
+
+    def settle(self, step: int | None = None) -> None:
+        """The last step's bookkeeping (:mod:`banditspec.bookkeeping`), if it is still to do
+        (``step``: only if the last step is that one, counted from 0); callable from any
+        thread, runs once. An error in it is raised by the next :meth:`apply`."""
+        with self._settle_lock:
+            pending = self._unsettled
+            if pending is None or (step is not None and pending[0] != step):
+                return
+            self._unsettled = None
+            try:
+                self._bookkeep(*pending[1:])
+            except Exception as exc:
+                self._bookkeeping_error = exc
+
+    def _settled(self) -> None:
+        """Settle here and now, raising what went wrong in it (or in the bookkeeper's run)."""
+        self.settle()
+        error, self._bookkeeping_error = self._bookkeeping_error, None
+        if error is not None:
+            raise error
+
+    def _bookkeep(self, gamma: int, verify_seconds: float, elapsed: float, context: int, first_step: bool) -> None:
+        if not first_step:  # the first step also prefills the prompt: not a round's cost
+            self._cost_model.observe(1 + gamma, verify_seconds, context)
+            self._cost_model.observe_overhead(max(0.0, elapsed - verify_seconds))
+        if self._rounds is not None:
+            self._rounds.score(self._sequence, final=self.finished)
+            self._cost_model.refresh()  # the refit (every few steps), here rather than in the next choice
 
     def controller_stats(self) -> dict | None:
         """The costaware controller's view (cost model, acceptance), for speculation_stats."""

@@ -294,7 +294,8 @@ def calibrate_from(model: CostModel, platform: CostModel, reps: int = 3, max_tok
 def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], platform: CostModel, *,
                   max_draft_len: int, eos_id: int, cost_model: CostModel | None = None,
                   costly: dict[str, tuple[float, float]] | None = None,
-                  preview_seconds: dict[str, float] | None = None, objective: str = "ratio") -> dict:
+                  preview_seconds: dict[str, float] | None = None, objective: str = "ratio",
+                  bookkeeping: str = "now") -> dict:
     """Run ``policy`` over the traces in order (one server: shared statistics carry over);
     returns per-trace decode seconds (prefill excluded), steps, tokens and identity.
     ``cost_model``: the controller's own model (default: a fresh one), calibrated from the
@@ -302,7 +303,8 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
     ``costly``: drafter -> (per call, per drafted token) in seconds, for the drafters that
     propose only when chosen (Eagle); ``preview_seconds``: drafter -> seconds per preview,
     for the costly drafters replayed with previews on (when recorded); ``objective``:
-    costaware's (bandits.costaware)."""
+    costaware's (bandits.costaware); ``bookkeeping``: when a step's learning runs
+    (banditspec.bookkeeping; "background" is replayed as "deferred", its choices)."""
     costly, preview_seconds = costly or {}, preview_seconds or {}
     from banditspec.config import GenerationRequest, Limits
     from banditspec.decoder import SpeculativeDecoder
@@ -318,6 +320,7 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
         drafters=drafters, vocab_size=engine.vocab_size, max_context=engine.max_context, eos_id=eos_id,
         default_arms=list(arms), limits=Limits(max_tokens=1 << 20, max_prompt_tokens=1 << 20),
         drafter_deadline_s=None, clock=clock, cost_model=cost_model, costaware_objective=objective,
+        bookkeeping="deferred" if bookkeeping == "background" else bookkeeping,
     )
     calibrate_from(decoder.cost_model, platform)
     rows = []

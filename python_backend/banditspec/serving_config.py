@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Union
 
 from banditspec.bandits.registry import check_policy
+from banditspec.bookkeeping import BOOKKEEPING_MODES
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, REWARD_CHOICES, Limits
 from banditspec.errors import BanditSpecValidationError
 
@@ -102,6 +103,9 @@ class ServingConfig:
     metrics: bool = True
     metrics_log_interval_s: float = 60.0  # 0: no summary log line
     gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.heap)
+    # when a costaware step's learning runs: "background" (while the target verifies the next
+    # round) | "deferred" | "now" (within the step) (banditspec.bookkeeping)
+    bookkeeping: str = "background"
     # Reference target: concurrent sequences' steps go out as one request of up to
     # verify_max_rows rows (the target's max_batch_size), a step waiting at most
     # verify_gather_us for the others (0: a request per step; banditspec.engine.gather).
@@ -149,6 +153,7 @@ class ServingConfig:
             metrics=p.flag("metrics", True),
             metrics_log_interval_s=p.number("metrics_log_interval_s", 60.0, low=0, unit=" of seconds"),
             gc_freeze=p.flag("gc_freeze", True),
+            bookkeeping=check_bookkeeping(p.text("bookkeeping", "background")),
             verify_gather_us=p.integer("verify_gather_us", 2000, low=0),
             verify_max_rows=p.integer("verify_max_rows", 16, low=1),
         )
@@ -211,6 +216,14 @@ class EagleModelConfig:
 
 
 EAGLE_HEADS = ("eagle1", "eagle3")  # the shipped Eagle heads (banditspec.drafters.eagle.HEADS)
+
+
+def check_bookkeeping(mode: str) -> str:
+    """A bookkeeping mode, checked (error names ``bookkeeping``)."""
+    mode = mode.strip().lower()
+    if mode not in BOOKKEEPING_MODES:
+        raise BanditSpecValidationError("bookkeeping", f"must be one of {', '.join(BOOKKEEPING_MODES)}, got {mode!r}")
+    return mode
 
 
 def check_eagle_head(name: str) -> str:

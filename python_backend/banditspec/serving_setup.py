@@ -82,6 +82,7 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
         limits=config.limits,
         drafter_deadline_s=config.drafter_deadline_s,
         budget=budget,
+        bookkeeping=config.bookkeeping,
     )
     defaults = ServingDefaults(
         policy=config.default_policy,

@@ -40,13 +40,14 @@ class TimedEngine:
         return self.engine.verify(requests)
 
 
-def timed_decoder(relative, objective: str = "ratio", **drafter_fns):
+def timed_decoder(relative, objective: str = "ratio", bookkeeping: str = "now", **drafter_fns):
     clock = VirtualClock()
     engine = TimedEngine(MockEngine(), clock, relative)
     drafters = {name: ScriptedDrafter(name, fn(engine.engine)) for name, fn in drafter_fns.items()}
     decoder = SpeculativeDecoder(drafters=drafters, vocab_size=engine.vocab_size, max_context=engine.max_context,
                                  eos_id=engine.eos_id, drafter_deadline_s=None, clock=clock,
-                                 cost_model=CostModel.fixed(relative, 0.05), costaware_objective=objective)
+                                 cost_model=CostModel.fixed(relative, 0.05), costaware_objective=objective,
+                                 bookkeeping=bookkeeping)
     return decoder, engine
 
 

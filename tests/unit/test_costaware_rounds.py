@@ -60,10 +60,10 @@ class Harness:
 
         self.contexts: list[int | None] = []  # the context each choice was priced at
 
-        def spy_choose(candidates, cap, context=None):
+        def spy_choose(candidates, cap, context=None, start=None, priced=0):
             self.candidates.append(list(candidates))
             self.contexts.append(context)
-            return choose(candidates, cap, context)
+            return choose(candidates, cap, context, start, priced)
 
         def spy_record(*args):
             self.recorded += 1

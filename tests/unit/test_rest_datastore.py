@@ -148,3 +148,35 @@ def test_default_datastore_with_smollm2_tokenizer():
     draft = drafter.start(prompt).propose(8)
     assert len(draft) > 0
     assert tokenizer.decode(draft.token_ids.tolist()).startswith((",", ")"))
+
+
+@pytest.mark.parametrize("alphabet, separator", [(3, None), (49152, 49152)], ids=["small-ids", "large-ids"])
+def test_the_c_search_finds_the_longest_suffix_the_python_search_finds(tmp_path, alphabet, separator):
+    """The kernel library's search (one call a lookup) against the Python bisection over the
+    same suffix array: contexts that occur whole, in part, at a document's end, not at all,
+    and with ids above the corpus's (an unknown id never matches)."""
+    from banditspec.engine import panel_kernel
+
+    if panel_kernel.load() is None:
+        pytest.skip(f"kernel library unavailable: {panel_kernel.unavailable_reason()}")
+    rng = np.random.default_rng(3)
+    low = 0 if separator is None else alphabet - 12
+    docs = [rng.integers(low, alphabet if separator is None else separator, size=int(rng.integers(1, 60))) for _ in range(60)]
+    store = load_datastore(write_datastore(tmp_path / "ds", docs, separator=separator))
+    assert store._native_search() is not None
+    checked = 0
+    for _ in range(300):
+        doc = docs[int(rng.integers(len(docs)))].tolist()
+        end = int(rng.integers(1, len(doc) + 1))
+        context = doc[max(0, end - int(rng.integers(1, 20))) : end]
+        if rng.random() < 0.3:  # a tail the corpus does not hold
+            context = context + rng.integers(low, store.separator, size=int(rng.integers(1, 4))).tolist()
+        for min_len, max_len in ((1, 16), (2, 8), (3, 3)):
+            native = store.longest_suffix(context, min_len, max_len)
+            assert native == store.longest_suffix_python(context, min_len, max_len), (context, min_len, max_len)
+            m, lo, hi = native
+            if m:
+                assert hi - lo == brute_count(store.tokens, context[-m:])
+            checked += m > 0
+    assert checked > 300  # most contexts match somewhere
+    assert store.longest_suffix([], 2, 16) == (0, 0, 0)

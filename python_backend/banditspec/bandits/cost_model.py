@@ -198,6 +198,12 @@ class CostModel:
                 self._curves[context] = out
         return out
 
+    def refresh(self) -> None:
+        """Refit now when it is due (:meth:`_current`), so that the next :meth:`curve` finds
+        the fit done (a caller with time to spare: banditspec.bookkeeping)."""
+        with self._lock:
+            self._current()
+
     def verify_seconds(self, tokens: int, context: int | None = None) -> float:
         return float(self.curve(context)[tokens])
 

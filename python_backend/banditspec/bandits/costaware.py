@@ -332,10 +332,12 @@ class CostAwarePolicy:
         weight = RATE_PRIOR_ROUNDS * one_token_seconds
         return (self._round_tokens + prior * weight) / (self._round_seconds + weight)
 
-    def choose(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None) -> Choice:
+    def choose(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None,
+               start: Choice | None = None, priced: int = 0) -> Choice:
         """The best (drafter, gamma) for this round, plain decoding included; ``context``:
-        the tokens before the round (prompt + generated), which the verify cost grows with."""
-        best = self.best(candidates, gamma_cap, context)
+        the tokens before the round (prompt + generated), which the verify cost grows with;
+        ``start``, ``priced``: see :meth:`best`."""
+        best = self.best(candidates, gamma_cap, context, start, priced)
         self.rounds += 1
         if self.objective == "rate":  # the rate's evidence (the ratio needs none: no work per round)
             self._round_tokens += best.expected_tokens
@@ -344,8 +346,12 @@ class CostAwarePolicy:
                 self.shared.record_round(best.expected_tokens, best.seconds)
         return best
 
-    def best(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None) -> Choice:
-        """What :meth:`choose` would choose, without counting a round.
+    def best(self, candidates: list[Candidate], gamma_cap: int, context: int | None = None,
+             start: Choice | None = None, priced: int = 0) -> Choice:
+        """What :meth:`choose` would choose, without counting a round. ``start``: this
+        round's best of ``candidates[:priced]`` (same cap and context), from which the scan
+        goes on over the rest: the same choice as a scan of all of them (the first of
+        equally good ones wins), without pricing the first ``priced`` again.
 
         Scalar arithmetic over Python floats (a round asks this two or three times, over a
         handful of candidates of at most L lengths each: numpy's per-call overhead was most
@@ -355,9 +361,13 @@ class CostAwarePolicy:
         cap = max(0, min(gamma_cap, self.max_len, len(curve) - 2))
         seconds = curve.tolist()
         rate = self.rate(seconds[1]) if self.objective == "rate" else None
-        plain = 1.0 - rate * seconds[1] if rate is not None else 1.0 / seconds[1]
-        best = Choice(PLAIN, 0, 1.0, 1.0 / seconds[1], seconds[1], plain)
-        for candidate in candidates:
+        if start is not None:
+            best = start
+        else:
+            plain = 1.0 - rate * seconds[1] if rate is not None else 1.0 / seconds[1]
+            best = Choice(PLAIN, 0, 1.0, 1.0 / seconds[1], seconds[1], plain)
+            priced = 0
+        for candidate in candidates[priced:] if priced else candidates:
             top = min(candidate.max_gamma, cap)
             if top <= 0:
                 continue

@@ -111,6 +111,10 @@ def load() -> ctypes.CDLL | None:
         library.bs_i8_group_columns.restype = ctypes.c_int
         library.bs_eagle_step.argtypes = [i64] * 6 + [ctypes.c_float] + [ptr] * 11 + [i64, i64, ptr, i64]
         library.bs_eagle_step.restype = ctypes.c_int
+        library.bs_sa_range.argtypes = [ptr, i64, ptr, ptr, i64, ptr]
+        library.bs_sa_range.restype = None
+        library.bs_sa_longest.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, ptr]
+        library.bs_sa_longest.restype = None
         want = os.environ.get("BANDITSPEC_PANEL_ISA", "auto")
         if want not in ("auto", "avx2", "avx512"):
             log.warning("BANDITSPEC_PANEL_ISA=%r is not auto | avx2 | avx512; using auto", want)

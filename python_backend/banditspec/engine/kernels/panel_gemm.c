@@ -859,3 +859,51 @@ done:
     free(xin); free(u); free(qkv); free(q); free(attn); free(x); free(hn); free(gu); free(act); free(lo); free(hi);
     return status;
 }
+
+/* REST's datastore search (banditspec.drafters.rest_datastore): the suffix array `sa` of the
+ * corpus `tokens` (n ids, each document ended by a separator larger than any id). Token
+ * ids compare as unsigned 32-bit values, a suffix that ends first is the smaller (the
+ * same order as the big-endian bytes the Python search compares). */
+static int sa_compare(const int32_t *tokens, int64_t n, int64_t start, const int32_t *pattern, int64_t m) {
+    for (int64_t i = 0; i < m; ++i) {
+        if (start + i >= n) return -1;
+        const uint32_t a = (uint32_t)tokens[start + i], b = (uint32_t)pattern[i];
+        if (a != b) return a < b ? -1 : 1;
+    }
+    return 0;
+}
+
+/* [out[0], out[1]): the rows of sa whose suffix starts with pattern[0 .. m). */
+void bs_sa_range(const int32_t *tokens, int64_t n, const int32_t *sa, const int32_t *pattern, int64_t m, int64_t *out) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) { /* first row whose suffix is >= pattern */
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (sa_compare(tokens, n, sa[mid], pattern, m) < 0) lo = mid + 1; else hi = mid;
+    }
+    int64_t end = n, first = lo;
+    while (first < end) { /* first row whose suffix is > pattern */
+        const int64_t mid = first + (end - first) / 2;
+        if (sa_compare(tokens, n, sa[mid], pattern, m) <= 0) first = mid + 1; else end = mid;
+    }
+    out[0] = lo;
+    out[1] = first;
+}
+
+/* The longest suffix of context[0 .. len) of length min_m .. max_m (max_m <= len) that occurs in
+ * the corpus: out = (m, lo, hi), m = 0 when none. A binary search over the length (a shorter
+ * suffix of a present one is present), as RestDrafter.longest_match does in Python. */
+void bs_sa_longest(const int32_t *tokens, int64_t n, const int32_t *sa, const int32_t *context, int64_t len,
+                   int64_t min_m, int64_t max_m, int64_t *out) {
+    int64_t lo_len = min_m - 1, hi_len = max_m < len ? max_m : len, range[2];
+    out[0] = out[1] = out[2] = 0;
+    while (lo_len < hi_len) {
+        const int64_t mid = (lo_len + hi_len + 1) / 2;
+        bs_sa_range(tokens, n, sa, context + (len - mid), mid, range);
+        if (range[1] > range[0]) {
+            lo_len = mid;
+            out[0] = mid; out[1] = range[0]; out[2] = range[1];
+        } else {
+            hi_len = mid - 1;
+        }
+    }
+}
