@@ -72,10 +72,17 @@ class BackgroundBookkeeper:
                 log.exception("bookkeeping job failed")
 
 
+def check_bookkeeping(mode: str) -> str:
+    """A bookkeeping mode, normalised and checked (the error names ``bookkeeping``)."""
+    normal = mode.strip().lower()
+    if normal not in BOOKKEEPING_MODES:
+        raise BanditSpecValidationError("bookkeeping", f"must be one of {', '.join(BOOKKEEPING_MODES)}, got {mode!r}")
+    return normal
+
+
 def make_bookkeeper(mode: str) -> Bookkeeper | None:
     """The bookkeeper of ``mode`` (None for ``"now"``: sessions do it within the step)."""
-    if mode not in BOOKKEEPING_MODES:
-        raise BanditSpecValidationError("bookkeeping", f"must be one of {', '.join(BOOKKEEPING_MODES)}, got {mode!r}")
+    mode = check_bookkeeping(mode)
     if mode == "now":
         return None
     return DeferredBookkeeper() if mode == "deferred" else BackgroundBookkeeper()

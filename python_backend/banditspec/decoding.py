@@ -200,10 +200,10 @@ class DecodingSession:
         elapsed = self._clock() - start
         self._decoder.budget.record_step(gamma, len(output), elapsed)
         self._unsettled = (len(self.stats.arms), gamma, verify_seconds, elapsed, context, first_step)
-        if self._bookkeeper is None or self._rounds is None or self.finished:
+        if self._bookkeeper is not None and self._rounds is not None and not self.finished:
+            self._rounds.note_firsts(self._sequence)  # the next round's context, now; its learning, later
+        else:
             self._settled()
-        else:  # the next round's context, now; its learning, later
-            self._rounds.note_firsts(self._sequence)
         if self.controller is not None:
             arm_name = f"{self.arms[arm_index].drafter}@{gamma}" if arm_index is not None and gamma else VANILLA_ARM
         else:

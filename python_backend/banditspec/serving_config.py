@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Union
 
 from banditspec.bandits.registry import check_policy
-from banditspec.bookkeeping import BOOKKEEPING_MODES
+from banditspec.bookkeeping import check_bookkeeping
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, REWARD_CHOICES, Limits
 from banditspec.errors import BanditSpecValidationError
 
@@ -216,14 +216,6 @@ class EagleModelConfig:
 
 
 EAGLE_HEADS = ("eagle1", "eagle3")  # the shipped Eagle heads (banditspec.drafters.eagle.HEADS)
-
-
-def check_bookkeeping(mode: str) -> str:
-    """A bookkeeping mode, checked (error names ``bookkeeping``)."""
-    mode = mode.strip().lower()
-    if mode not in BOOKKEEPING_MODES:
-        raise BanditSpecValidationError("bookkeeping", f"must be one of {', '.join(BOOKKEEPING_MODES)}, got {mode!r}")
-    return mode
 
 
 def check_eagle_head(name: str) -> str:

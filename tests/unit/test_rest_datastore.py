@@ -163,7 +163,7 @@ def test_the_c_search_finds_the_longest_suffix_the_python_search_finds(tmp_path,
     low = 0 if separator is None else alphabet - 12
     docs = [rng.integers(low, alphabet if separator is None else separator, size=int(rng.integers(1, 60))) for _ in range(60)]
     store = load_datastore(write_datastore(tmp_path / "ds", docs, separator=separator))
-    assert store._native_search() is not None
+    assert store.native_search() is not None
     checked = 0
     for _ in range(300):
         doc = docs[int(rng.integers(len(docs)))].tolist()

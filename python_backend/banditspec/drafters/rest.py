@@ -53,7 +53,7 @@ class RestDrafter:
         if not isinstance(min_share, (int, float)) or not 0.0 <= min_share <= 1.0:
             raise BanditSpecValidationError("min_share", f"must be in [0, 1], got {min_share!r}")
         self.datastore = datastore if isinstance(datastore, TokenDatastore) else load_datastore(Path(datastore))
-        self.datastore.longest_suffix([], min_suffix, max_suffix)  # loads the C search now, not in a request
+        self.datastore.native_search()  # loaded now, not in a request
         self.max_suffix = max_suffix
         self.min_suffix = min_suffix
         self.max_matches = max_matches

@@ -70,6 +70,7 @@ class TokenDatastore:
         self._sa_view = self.suffix_array.data  # a memoryview of the array
         self._native: Any = None  # the kernel library's search (engine.panel_kernel), once looked up
         self._native_checked = False
+        self._tokens_ptr, self._sa_ptr = self.tokens.ctypes.data, self.suffix_array.ctypes.data
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -93,12 +94,11 @@ class TokenDatastore:
         the length (a shorter suffix of a present one is present), in C when the kernel
         library loads (engine.panel_kernel: one call instead of ~8 bisections with a Python
         key function, ~200 callbacks a lookup), else here."""
-        native = self._native_search()
+        native = self.native_search()
         if native is not None:
             ids = np.ascontiguousarray(context, dtype=np.int32)
             out = (ctypes.c_int64 * 3)()
-            native(self.tokens.ctypes.data, len(self.tokens), self.suffix_array.ctypes.data, ids.ctypes.data,
-                   len(ids), min_len, max_len, out)
+            native(self._tokens_ptr, len(self.tokens), self._sa_ptr, ids.ctypes.data, len(ids), min_len, max_len, out)
             return int(out[0]), int(out[1]), int(out[2])
         return self.longest_suffix_python(context, min_len, max_len)
 
@@ -115,7 +115,8 @@ class TokenDatastore:
                 hi_len = mid - 1
         return best
 
-    def _native_search(self) -> Any:
+    def native_search(self) -> Any:
+        """The kernel library's search (loaded, or built, on the first call), or None."""
         if not self._native_checked:
             from banditspec.engine import panel_kernel
 
