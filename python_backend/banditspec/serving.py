@@ -254,6 +254,8 @@ class Controller:
         self.on_active: Callable[[int], None] | None = None  # (sequences in flight) on every change
         # (outcome: one of OUTCOMES, the request's SpeculationStats or None when it never started)
         self.on_request_done: Callable | None = None
+        # () just before a request's final response (the observer exports what its steps left queued)
+        self.on_final_response: Callable[[], None] | None = None
 
     def _change_active(self, delta: int) -> None:
         """Count a sequence in or out and publish the count. Published under the lock, so
@@ -390,6 +392,7 @@ class Controller:
                 "first_token": first_token_ns or last_ns,
                 "last_token": last_ns,
             }
+        self._notify(self.on_final_response)
         sink.send(text, stats, final=True)
         return OUTCOME_SUCCESS
 

@@ -34,18 +34,22 @@ class FakeMetric:
         self.family, self.labels, self.buckets = family, labels, buckets
         self.value = 0.0
         self.observations: list[float] = []
+        self.calls = 0  # updates (in Triton each one is an IPC call)
 
     def increment(self, value):
         assert self.family.kind == "COUNTER" and value >= 0
         self.value += value
+        self.calls += 1
 
     def set(self, value):
         assert self.family.kind == "GAUGE"
         self.value = value
+        self.calls += 1
 
     def observe(self, value):
         assert self.family.kind == "HISTOGRAM"
         self.observations.append(value)
+        self.calls += 1
 
 
 class FakeFamily:
@@ -70,6 +74,9 @@ class FakeFactory:
         assert kind in ("COUNTER", "GAUGE", "HISTOGRAM")
         family = self.families[name] = FakeFamily(name, description, kind, self.log)
         return family
+
+    def calls(self) -> int:
+        return sum(m.calls for f in self.families.values() for m in f.metrics)
 
     def series(self, name, **labels) -> FakeMetric:
         found = [m for m in self.families[name].metrics if all(m.labels.get(k) == v for k, v in labels.items())]
@@ -287,6 +294,69 @@ def test_outcomes_busy_cancelled_and_a_failing_hook_does_not_fail_requests():
     ok = RecordingSink()
     controller.handle(inputs(max_tokens=12), ok)
     assert not ok.errors and ok.sent[-1][1]["generated_tokens"] == 12
+
+
+class SnapshotSink(RecordingSink):
+    """Records, at the final response, how many steps the exporter had seen by then."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self.factory = factory
+        self.exported_at_final: int | None = None
+
+    def send(self, text, stats, final):
+        if final:
+            self.exported_at_final = len(self.factory.series("nv_banditspec_speculation_length").observations)
+        super().send(text, stats, final)
+
+
+def test_steps_are_exported_off_the_step_path_and_before_the_final_response():
+    controller = make_controller()
+    factory = FakeFactory()
+    exporter = PrometheusMetrics(factory, max_draft_len=controller.decoder.limits.max_draft_len)
+    metrics = ServingMetrics(exporter=exporter, export_interval_s=3600.0).attach(controller)  # the thread never wakes
+    updates_in_steps = []
+
+    def on_step(event, inner=controller.on_step):
+        before = factory.calls()
+        inner(event)
+        updates_in_steps.append(factory.calls() - before)
+
+    controller.on_step = on_step
+    sink = SnapshotSink(factory)
+    try:
+        controller.handle(inputs(max_tokens=30, arms=text_array("right", "wrong")), sink)
+        stats = sink.sent[-1][1]
+        assert not sink.errors and stats["steps"] > 1
+        assert updates_in_steps == [0] * stats["steps"], "no metric update (IPC) within a step"
+        assert sink.exported_at_final == stats["steps"], "a request's steps are exported before its final response"
+        for arm, totals in stats["per_arm"].items():
+            pulls = factory.series("nv_banditspec_arm_pulls", arm=arm)
+            assert pulls.value == totals["pulls"] and pulls.calls == 1, "counters move once per arm per export"
+        assert factory.series("nv_banditspec_generated_tokens").value == 30
+    finally:
+        metrics.close()
+
+
+def test_the_export_thread_exports_queued_steps_and_stops_on_close():
+    from banditspec.results import StepEvent
+
+    factory = FakeFactory()
+    metrics = ServingMetrics(exporter=PrometheusMetrics(factory, max_draft_len=4), export_interval_s=0.01)
+    assert metrics._thread is not None and metrics._thread.is_alive()
+    thread = metrics._thread
+    metrics.on_step(StepEvent("pld@4", 4, 2, [1, 2, 3], False, None, 0.01))
+    for _ in range(500):  # up to 5 s
+        if factory.families["nv_banditspec_arm_pulls"].metrics:
+            break
+        thread.join(0.01)
+    assert factory.series("nv_banditspec_arm_pulls", arm="pld@4").value == 1
+    metrics.on_step(StepEvent("pld@4", 4, 4, [1, 2, 3, 4, 5], False, None, 0.01))
+    metrics.close()  # stops the thread, exports what is left
+    assert not thread.is_alive()
+    assert factory.series("nv_banditspec_accepted_length", arm="pld@4").observations == [2, 4]
+    with pytest.raises(ValueError, match="export_interval_s"):
+        ServingMetrics(export_interval_s=0.0)
 
 
 def test_build_serving_metrics_parameters():

@@ -52,6 +52,7 @@ def test_built_for_a_tensorrt_llm_target_only():
     engine = served.target_kv._engine
     verify(engine, 1)
     served.on_step(SimpleNamespace(arm="pld@4", drafted=0, accepted=0, new_token_ids=[5]))
+    served.flush()  # what the export thread, or the request's final response, does
     assert served.target_kv._last["kv_cache_reused_blocks"] == 3
     served.close()
     assert served.target_kv is None

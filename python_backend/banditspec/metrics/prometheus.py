@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from banditspec.checks import is_int
 from banditspec.config import MAX_SPECULATION_LENGTH
@@ -169,18 +169,32 @@ class PrometheusMetrics:
         self._registry.metric(ACTIVE_SEQUENCES).set(0)
 
     def record_step(self, arm: str, drafted: int, accepted: int, emitted: int) -> None:
+        self.record_steps([(arm, drafted, accepted, emitted)])
+
+    def record_steps(self, steps: Iterable[tuple[str, int, int, int]]) -> None:
+        """Steps as (arm, drafted, accepted, emitted): the counters move once per arm (each
+        update is an IPC call), the histograms once per step."""
         reg = self._registry
+        totals: dict[str, list[int]] = {}  # arm -> [pulls, drafted, accepted]
+        emitted_total = 0
         with self._lock:
-            reg.metric(ARM_PULLS, arm=arm).increment(1)
-            # A series exists from the arm's first pull (at 0); adding 0 would only cost an IPC call.
-            for spec, amount in ((DRAFTED_TOKENS, drafted), (ACCEPTED_TOKENS, accepted)):
-                metric = reg.metric(spec, arm=arm)
-                if amount:
-                    metric.increment(amount)
-            reg.metric(ACCEPTED_LENGTH, arm=arm).observe(accepted)
-            reg.metric(SPECULATION_LENGTH).observe(drafted)
-            if emitted:
-                reg.metric(EMITTED_TOKENS).increment(emitted)
+            for arm, drafted, accepted, emitted in steps:
+                total = totals.setdefault(arm, [0, 0, 0])
+                total[0] += 1
+                total[1] += drafted
+                total[2] += accepted
+                emitted_total += emitted
+                reg.metric(ACCEPTED_LENGTH, arm=arm).observe(accepted)
+                reg.metric(SPECULATION_LENGTH).observe(drafted)
+            for arm, (pulls, drafted, accepted) in totals.items():
+                reg.metric(ARM_PULLS, arm=arm).increment(pulls)
+                # A series exists from the arm's first pull (at 0); adding 0 would only cost an IPC call.
+                for spec, amount in ((DRAFTED_TOKENS, drafted), (ACCEPTED_TOKENS, accepted)):
+                    metric = reg.metric(spec, arm=arm)
+                    if amount:
+                        metric.increment(amount)
+            if emitted_total:
+                reg.metric(EMITTED_TOKENS).increment(emitted_total)
 
     def record_request(self, outcome: str, failures: Mapping[tuple[str, str], int]) -> None:
         with self._lock:
