@@ -150,19 +150,27 @@ def test_default_datastore_with_smollm2_tokenizer():
     assert tokenizer.decode(draft.token_ids.tolist()).startswith((",", ")"))
 
 
+def random_store(tmp_path, rng, alphabet, separator, *, spread, docs, longest):
+    """(documents, their datastore, the lowest id) of random ids: 0 .. alphabet - 1 (separator
+    None), or the ``spread`` ids just below ``separator`` (large ids); skips the test without
+    the kernel library (what the tests using it compare against)."""
+    from banditspec.engine import panel_kernel
+
+    if panel_kernel.load() is None:
+        pytest.skip(f"kernel library unavailable: {panel_kernel.unavailable_reason()}")
+    low = 0 if separator is None else alphabet - spread
+    high = alphabet if separator is None else separator
+    documents = [rng.integers(low, high, size=int(rng.integers(1, longest))) for _ in range(docs)]
+    return documents, load_datastore(write_datastore(tmp_path / "ds", documents, separator=separator)), low
+
+
 @pytest.mark.parametrize("alphabet, separator", [(3, None), (49152, 49152)], ids=["small-ids", "large-ids"])
 def test_the_c_search_finds_the_longest_suffix_the_python_search_finds(tmp_path, alphabet, separator):
     """The kernel library's search (one call a lookup) against the Python bisection over the
     same suffix array: contexts that occur whole, in part, at a document's end, not at all,
     and with ids above the corpus's (an unknown id never matches)."""
-    from banditspec.engine import panel_kernel
-
-    if panel_kernel.load() is None:
-        pytest.skip(f"kernel library unavailable: {panel_kernel.unavailable_reason()}")
     rng = np.random.default_rng(3)
-    low = 0 if separator is None else alphabet - 12
-    docs = [rng.integers(low, alphabet if separator is None else separator, size=int(rng.integers(1, 60))) for _ in range(60)]
-    store = load_datastore(write_datastore(tmp_path / "ds", docs, separator=separator))
+    docs, store, low = random_store(tmp_path, rng, alphabet, separator, spread=12, docs=60, longest=60)
     assert store.native_search() is not None
     checked = 0
     for _ in range(300):
@@ -180,3 +188,31 @@ def test_the_c_search_finds_the_longest_suffix_the_python_search_finds(tmp_path,
             checked += m > 0
     assert checked > 300  # most contexts match somewhere
     assert store.longest_suffix([], 2, 16) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("alphabet, separator", [(4, None), (49152, 49152)], ids=["small-ids", "large-ids"])
+def test_the_c_continuation_is_the_python_continuation(tmp_path, alphabet, separator):
+    """REST's continuation in the kernel library against the numpy one, on corpora with many
+    repeats (groups, ties, separators, a single occurrence left) and on every path: all
+    occurrences read or an evenly spaced subset (max_matches), min_share cutting it short."""
+    from banditspec.drafters.rest import RestDrafter
+
+    rng = np.random.default_rng(5)
+    docs, store, _ = random_store(tmp_path, rng, alphabet, separator, spread=4, docs=80, longest=40)
+    compared, long_ones, subsets = 0, 0, 0
+    for max_matches, min_share in ((5000, 0.0), (7, 0.0), (1, 0.0), (2, 0.0), (5000, 0.4), (13, 0.6)):
+        drafter = RestDrafter(store, min_suffix=1, max_suffix=6, max_matches=max_matches, min_share=min_share)
+        for _ in range(150):
+            doc = docs[int(rng.integers(len(docs)))].tolist()
+            end = int(rng.integers(1, len(doc) + 1))
+            m, lo, hi = drafter.longest_match(doc[max(0, end - 6) : end])
+            if m == 0:
+                continue
+            for max_len in (1, 3, 8, 30):
+                native = store.native_continuation(m, lo, hi, max_len, max_matches, min_share)
+                assert native == drafter.continuation_python(m, lo, hi, max_len), (m, lo, hi, max_len, max_matches, min_share)
+                assert drafter.continuation(m, lo, hi, max_len) == native
+                compared += 1
+                long_ones += len(native) > 2
+                subsets += hi - lo > max_matches
+    assert compared > 1500 and long_ones > 100 and subsets > 200

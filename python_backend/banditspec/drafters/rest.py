@@ -73,7 +73,13 @@ class RestDrafter:
         return self.datastore.longest_suffix(context, self.min_suffix, self.max_suffix)
 
     def continuation(self, match_len: int, lo: int, hi: int, max_len: int) -> list[int]:
-        """The most frequent continuation of the occurrences in suffix-array rows [lo, hi)."""
+        """The most frequent continuation of the occurrences in suffix-array rows [lo, hi): in C
+        when the kernel library loads (TokenDatastore.native_continuation), else here."""
+        native = self.datastore.native_continuation(match_len, lo, hi, max_len, self.max_matches, self.min_share)
+        return native if native is not None else self.continuation_python(match_len, lo, hi, max_len)
+
+    def continuation_python(self, match_len: int, lo: int, hi: int, max_len: int) -> list[int]:
+        """:meth:`continuation` without the kernel library (and its reference in the tests)."""
         store = self.datastore
         rows = np.arange(lo, hi) if hi - lo <= self.max_matches else np.linspace(lo, hi - 1, self.max_matches).astype(np.int64)
         # positions: int64 [n] corpus index of each occurrence's next token, sorted by continuation

@@ -115,6 +115,8 @@ def load() -> ctypes.CDLL | None:
         library.bs_sa_range.restype = None
         library.bs_sa_longest.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, ptr]
         library.bs_sa_longest.restype = None
+        library.bs_sa_continuation.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ctypes.c_double, ctypes.c_int32, i64, ptr]
+        library.bs_sa_continuation.restype = i64
         want = os.environ.get("BANDITSPEC_PANEL_ISA", "auto")
         if want not in ("auto", "avx2", "avx512"):
             log.warning("BANDITSPEC_PANEL_ISA=%r is not auto | avx2 | avx512; using auto", want)

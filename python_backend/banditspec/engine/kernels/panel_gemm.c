@@ -907,3 +907,52 @@ void bs_sa_longest(const int32_t *tokens, int64_t n, const int32_t *sa, const in
         }
     }
 }
+
+/* REST's continuation (RestDrafter.continuation_python does the same in numpy): the most
+ * frequent next token among the occurrences in suffix-array rows [lo, hi) of a match of
+ * match_len tokens, then among the occurrences that continued with it, and so on, up to
+ * max_len tokens; at most max_matches occurrences are read, evenly spaced as numpy's
+ * linspace(lo, hi - 1, max_matches) truncated; ties go to the smallest token id; a group that
+ * is the separator, or whose share of the remaining occurrences is below min_share, ends it;
+ * one occurrence left: its document is copied up to the separator. Writes out[0 .. k),
+ * returns k (-1: no memory). */
+int64_t bs_sa_continuation(const int32_t *tokens, int64_t n, const int32_t *sa, int64_t lo, int64_t hi,
+                           int64_t match_len, int64_t max_matches, double min_share, int32_t separator,
+                           int64_t max_len, int32_t *out) {
+    int64_t count = hi - lo, k = 0;
+    if (count <= 0 || max_len <= 0) return 0;
+    if (count > max_matches) count = max_matches;
+    int64_t *positions = (int64_t *)malloc((size_t)count * sizeof(int64_t));
+    if (!positions) return -1;
+    if (hi - lo <= max_matches) {
+        for (int64_t i = 0; i < count; i++) positions[i] = (int64_t)sa[lo + i] + match_len;
+    } else {
+        const double step = count > 1 ? (double)(hi - 1 - lo) / (double)(count - 1) : 0.0;
+        for (int64_t i = 0; i < count; i++) {
+            const double y = (double)i * step;  /* numpy: arange * step, then + start */
+            const int64_t row = (count > 1 && i == count - 1) ? hi - 1 : (int64_t)(y + (double)lo);
+            positions[i] = (int64_t)sa[row] + match_len;
+        }
+    }
+    while (k < max_len && count > 0) {
+        if (count == 1) {
+            for (int64_t p = positions[0]; p < n && k < max_len && tokens[p] != separator; p++) out[k++] = tokens[p];
+            break;
+        }
+        int64_t best_start = 0, best_size = 0, start = 0;
+        while (start < count) {  /* runs of one next token (the rows are sorted by it) */
+            const int32_t token = tokens[positions[start]];
+            int64_t end = start + 1;
+            while (end < count && tokens[positions[end]] == token) end++;
+            const int64_t size = token == separator ? 0 : end - start;
+            if (size > best_size) { best_size = size; best_start = start; }
+            start = end;
+        }
+        if (best_size == 0 || (double)best_size < min_share * (double)count) break;
+        out[k++] = tokens[positions[best_start]];
+        for (int64_t i = 0; i < best_size; i++) positions[i] = positions[best_start + i] + 1;
+        count = best_size;
+    }
+    free(positions);
+    return k;
+}
