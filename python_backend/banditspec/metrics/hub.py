@@ -49,10 +49,15 @@ class ServingMetrics:
         self._export_lock = threading.Lock()  # one export at a time: a flush returns once its steps are out
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if export_interval_s is not None and (exporter is not None or target_kv is not None):
+        if export_interval_s is not None and self._exporting:
             self._thread = threading.Thread(target=self._export_loop, args=(export_interval_s,),
                                             name="banditspec-metrics", daemon=True)
             self._thread.start()
+
+    @property
+    def _exporting(self) -> bool:
+        """Steps go somewhere beyond the in-memory totals (Prometheus, the target's totals)."""
+        return self.exporter is not None or self.target_kv is not None
 
     def attach(self, controller) -> "ServingMetrics":
         """Install this observer's methods as ``controller``'s hooks."""
@@ -66,7 +71,7 @@ class ServingMetrics:
         """event: a banditspec.results.StepEvent."""
         emitted = len(event.new_token_ids)
         self.stats.record_step(event.arm, event.drafted, event.accepted, emitted)
-        if self.exporter is None and self.target_kv is None:
+        if not self._exporting:
             return
         self._pending.append((event.arm, event.drafted, event.accepted, emitted))
         if self._thread is None:
@@ -99,8 +104,7 @@ class ServingMetrics:
         """speculation_stats: the request's banditspec.results.SpeculationStats, or None."""
         dropped = speculation_stats.dropped_arms if speculation_stats is not None else {}
         failures = self.stats.record_request(outcome, dropped)
-        if self.exporter is not None or self.target_kv is not None:
-            self.flush()  # a request's steps are out before its outcome is counted
+        self.flush()  # a request's steps are out before its outcome is counted (nothing queued: a no-op)
         if self.exporter is not None:
             self.exporter.record_request(outcome, failures)
             controller = getattr(speculation_stats, "controller", None)
