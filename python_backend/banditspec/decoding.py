@@ -151,7 +151,6 @@ class DecodingSession:
             arm_index, draft = None, Draft()  # the drafter failed and was dropped: choose again
         gamma = len(draft)
         self._pending = (arm_index, gamma, truncated, start)
-        self._verify_started = self._clock()
         hidden_from = -1
         if self._needs_hidden:
             hidden_from = self._hidden_from
@@ -159,6 +158,7 @@ class DecodingSession:
             # the last step's learning, while the target verifies (that step's only: a job
             # that runs late, after apply() did it, must not settle a newer step early)
             self._bookkeeper.submit(functools.partial(self.settle, self._unsettled[0]))
+        self._verify_started = self._clock()  # after the hand-off (a deferred bookkeeper learns in it)
         return VerifyRequest(
             input_ids=np.asarray(self._sequence, dtype=np.int32),
             draft_ids=draft.token_ids.astype(np.int32, copy=False),
@@ -174,10 +174,13 @@ class DecodingSession:
         """Take the target's verdict for the pending step; returns what to stream."""
         if self._pending is None:
             raise RuntimeError("apply() without a pending next_verify()")
+        # The target call's time, read before anything of the controller's own: waiting for
+        # the last step's learning (a deferred bookkeeper runs it here) is not the target's
+        # cost, and the cost model learns the verify curve from this figure.
+        verify_seconds = self._clock() - self._verify_started
         self._settled()  # the step before this one (normally done by the bookkeeper by now)
         arm_index, gamma, truncated, start = self._pending
         context = len(self._sequence)  # tokens before the round's (what the call attends to)
-        verify_seconds = self._clock() - self._verify_started
         first_step = not self.stats.steps
         self._pending = None
         output = [int(t) for t in np.asarray(result.output_ids).reshape(-1)]

@@ -130,3 +130,23 @@ def test_an_error_in_the_learning_fails_the_request_it_belongs_to(mode):
     with pytest.raises(ValueError, match="scoring bug"):
         run_to_completion(engine, session)
     assert session.finished  # cancelled: its drafters closed
+
+
+def test_a_steps_verify_time_is_the_target_calls_not_the_last_steps_learning():
+    """A deferred bookkeeper runs the last step's learning at the start of apply(): that
+    time is the controller's, so neither the step's verify figure (the bench's, the
+    Prometheus one) nor the cost model's observation of the verify curve may include it."""
+    decoder, engine = timed_decoder(FLAT, bookkeeping="deferred", right=oracle)
+    session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["right"], max_draft_len=4))
+    score = session._rounds.score
+
+    def slow(sequence, final=False):
+        engine.clock.advance(1.0)  # learning that takes a second of the controller's time
+        score(sequence, final)
+
+    session._rounds.score = slow
+    result = run_to_completion(engine, session)
+    assert result.token_ids == engine.engine.vanilla(PROMPT, 30)
+    verify = result.stats.verify_seconds
+    assert len(verify) > 3 and max(verify[1:]) < 0.5  # the target's calls: ~0.05 s each
+    assert sum(result.stats.step_seconds) > len(verify) - 2  # the learning's seconds are the steps'
