@@ -158,7 +158,7 @@ class DecodingSession:
             # the last step's learning, while the target verifies (that step's only: a job
             # that runs late, after apply() did it, must not settle a newer step early)
             self._bookkeeper.submit(functools.partial(self.settle, self._unsettled[0]))
-        self._verify_started = self._clock()  # after the hand-off (a deferred bookkeeper learns in it)
+        self._verify_started = self._clock()  # after the hand-off (a deferred bookkeeper learns within it)
         return VerifyRequest(
             input_ids=np.asarray(self._sequence, dtype=np.int32),
             draft_ids=draft.token_ids.astype(np.int32, copy=False),
@@ -175,8 +175,8 @@ class DecodingSession:
         if self._pending is None:
             raise RuntimeError("apply() without a pending next_verify()")
         # The target call's time, read before anything of the controller's own: waiting for
-        # the last step's learning (a deferred bookkeeper runs it here) is not the target's
-        # cost, and the cost model learns the verify curve from this figure.
+        # the last step's learning (a background bookkeeper may still be running it) is not
+        # the target's cost, and the cost model learns the verify curve from this figure.
         verify_seconds = self._clock() - self._verify_started
         self._settled()  # the step before this one (normally done by the bookkeeper by now)
         arm_index, gamma, truncated, start = self._pending

@@ -133,8 +133,9 @@ def test_an_error_in_the_learning_fails_the_request_it_belongs_to(mode):
 
 
 def test_a_steps_verify_time_is_the_target_calls_not_the_last_steps_learning():
-    """A deferred bookkeeper runs the last step's learning at the start of apply(): that
-    time is the controller's, so neither the step's verify figure (the bench's, the
+    """A deferred bookkeeper runs the last step's learning when the next round hands it off
+    (a background one may still be running it when the target answers): that time is the
+    controller's, so neither the step's verify figure (the bench's, the
     Prometheus one) nor the cost model's observation of the verify curve may include it."""
     decoder, engine = timed_decoder(FLAT, bookkeeping="deferred", right=oracle)
     session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["right"], max_draft_len=4))
