@@ -52,8 +52,9 @@ class RequestDrafters:
         began = time.perf_counter()
         try:
             draft = self._call(session, max_len, name in self._inline)
-            ids = np.asarray(draft.token_ids, dtype=np.int64).reshape(-1)[:max_len]
-            if ids.size and (ids.min() < 0 or ids.max() >= self._vocab_size):
+            ids = _token_ids(draft.token_ids, max_len)
+            # range-checked as Python ints: numpy's min/max cost more than a short list's
+            if ids.size and not 0 <= min(listed := ids.tolist()) <= max(listed) < self._vocab_size:
                 raise ValueError("draft token id out of range")
             probs = draft.probs[: ids.size] if draft.probs is not None else None
         except ProposeTimeout:
@@ -67,7 +68,7 @@ class RequestDrafters:
             return None
         # Lossless either way: this draft is still verified, but the arm is too slow to keep.
         self._drop_if_late(name, began)
-        return Draft(token_ids=ids.astype(np.int32), probs=probs, match_len=int(getattr(draft, "match_len", 0)))
+        return Draft(token_ids=ids.astype(np.int32, copy=False), probs=probs, match_len=int(getattr(draft, "match_len", 0)))
 
     def previews(self, name: str) -> bool:
         """Whether drafter ``name``'s session offers ``preview()`` (see drafters.base)."""
@@ -156,3 +157,11 @@ class RequestDrafters:
         if self._worker is not None:
             self._worker.stop()
             self._worker = None
+
+
+def _token_ids(values: object, max_len: int) -> np.ndarray:
+    """[<= max_len] a proposal's token ids, unchecked: a drafter's own int32 array sliced
+    (not copied: a Draft is not changed after it is made), anything else as int64."""
+    if isinstance(values, np.ndarray) and values.dtype == np.int32 and values.ndim == 1:
+        return values[:max_len]
+    return np.asarray(values, dtype=np.int64).reshape(-1)[:max_len]

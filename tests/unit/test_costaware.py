@@ -681,3 +681,68 @@ def test_best_follows_a_drafters_new_outcomes():
     after = policy.best(candidate, 4)
     assert after.drafter == "a" and after.gamma == 4
     assert after.expected_tokens > 4.0
+
+
+def _utility_bound_reference(policy, candidate, cap, context, buckets):
+    """utility_bound as numpy arrays over [buckets, gamma] (its former implementation)."""
+    curve = policy.cost_model.curve(context)
+    top = max(0, min(candidate.max_gamma, cap, policy.max_len, len(curve) - 2))
+    if top <= 0:
+        return 0.0
+    counts, evidence = policy.local[candidate.drafter], policy.evidence.get(candidate.drafter)
+    hazard = policy._hazard(candidate.drafter, buckets)[:, :top]
+    seen = counts.offered[:, 0].sum() + (evidence[:, 0].sum() if evidence is not None else 0.0)
+    hazard[:, 0] = np.minimum(1.0, hazard[:, 0] + 0.5 * np.sqrt(np.log(policy.rounds + 2) / (seen + 1.0)))
+    expected = 1.0 + np.cumsum(np.cumprod(hazard, axis=1), axis=1)
+    cost = (curve[2 : top + 2] + candidate.draft_seconds_per_call
+            + candidate.draft_seconds_per_token * np.arange(1, top + 1))
+    if policy.objective == "rate":
+        return float((expected - policy.rate(float(curve[1])) * cost).max())
+    return float((expected / cost).max())
+
+
+@pytest.mark.parametrize("objective", ["ratio", "rate"])
+def test_utility_bound_is_the_best_value_over_the_contexts_and_lengths(objective):
+    """The scalar utility_bound gives what the array formula gives (the same operations in
+    the same order), over random counts, server evidence, contexts, caps and drafting costs."""
+    rng = np.random.default_rng(7)
+    shared = SharedAcceptance(6)
+    for _ in range(300):
+        proposed = int(rng.integers(1, 7))
+        shared.record("a", int(rng.integers(0, 24)), proposed, int(rng.integers(0, proposed + 1)), 9)
+    model = CostModel.from_table({64: {1: 0.030, 3: 0.034, 7: 0.045}, 640: {1: 0.036, 4: 0.046, 7: 0.058}})
+    policy = CostAwarePolicy(["a"], 6, model, shared, objective=objective)
+    for round_ in range(60):
+        proposed = int(rng.integers(1, 7))
+        policy.record("a", int(rng.integers(0, 24)), proposed, int(rng.integers(0, proposed + 1)), 9)
+        policy.choose([Candidate("a", proposed, int(rng.integers(0, 24)))], 6, 100 + round_)
+        for buckets in (slice(None), slice(0, 8), slice(8, 16), slice(16, 24)):
+            for candidate in (Candidate("a", int(rng.integers(1, 9))),
+                              Candidate("a", 6, costly=True, draft_seconds_per_call=0.004, draft_seconds_per_token=0.002)):
+                cap, context = int(rng.integers(0, 8)), int(rng.integers(0, 900))
+                got = policy.utility_bound(candidate, cap, context, buckets)
+                assert got == pytest.approx(_utility_bound_reference(policy, candidate, cap, context, buckets), rel=1e-12)
+
+
+def test_the_hazard_cache_drops_only_the_bucket_recorded_in():
+    """best()'s cached hazards stay equal to a fresh estimate in every bucket while outcomes
+    arrive in some of them (a record changes the request's counts in its own bucket only)."""
+    rng = np.random.default_rng(3)
+    policy = CostAwarePolicy(["a", "b"], 5, CostModel.fixed([1.0, 1.1, 1.2, 1.3, 1.4, 1.5]), SharedAcceptance(5))
+    for _ in range(200):
+        drafter, bucket = str(rng.choice(["a", "b"])), int(rng.integers(0, 24))
+        proposed = int(rng.integers(1, 6))
+        policy.record(drafter, bucket, proposed, int(rng.integers(0, proposed + 1)), 9)
+        for name in ("a", "b"):
+            for b in rng.integers(0, 24, size=3).tolist():
+                assert policy._hazard_list(name, b) == policy._hazard(name, b).tolist()
+
+
+def test_curve_list_is_the_curve_as_floats_and_shared_with_it():
+    model = CostModel(4, min_observations=1, window=10)
+    for k, seconds in ((1, 0.010), (2, 0.012), (4, 0.020)):
+        model.observe(k, seconds, 100)
+    listed = model.curve_list(100)
+    assert listed == model.curve(100).tolist() and model.curve_list(100) is listed
+    model.observe_overhead(0.001)
+    assert model.curve_list(100) is not listed and model.curve_list(100) == model.curve(100).tolist()

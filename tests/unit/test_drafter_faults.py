@@ -202,6 +202,36 @@ def test_a_draft_with_an_id_outside_the_vocabulary_drops_its_drafter(ids, valid)
         assert draft is None and dropped == {"d": "propose failed: ValueError"} and rd.names() == []
 
 
+class Typed:
+    """A drafter whose sessions propose ``ids`` exactly as given (any container, any dtype)."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def start(self, prompt):
+        session = Session([])
+        session.propose = lambda max_len: Draft(token_ids=self.ids)
+        return session
+
+
+@pytest.mark.parametrize("ids, expected", [
+    (np.array([4, 9, 2], dtype=np.int32), [4, 9]),  # the drafters' own form: sliced
+    (np.array([4, 9, 2], dtype=np.int64), [4, 9]),
+    ([4, 9, 2], [4, 9]),
+    (np.array([[4, 9]], dtype=np.int32), [4, 9]),  # any shape: flattened
+    (np.array([4, 2**32 + 7], dtype=np.int64), None),  # out of range before any narrowing to int32
+    (np.array([2**32 + 7], dtype=np.int64), None),
+    (np.array([-1], dtype=np.int32), None),
+])
+def test_a_drafts_ids_reach_the_target_as_int32_checked_in_their_own_width(ids, expected):
+    rd, dropped = request_drafters({"d": Typed(ids)})
+    draft = rd.propose("d", 2)
+    if expected is None:
+        assert draft is None and dropped == {"d": "propose failed: ValueError"}
+    else:
+        assert draft.token_ids.dtype == np.int32 and draft.token_ids.tolist() == expected and dropped == {}
+
+
 def test_a_drafter_whose_start_raises_costs_its_arms_not_the_request():
     rd, dropped = request_drafters({"bad": Fixed([1], fail_in="start"), "good": Fixed([4])})
     assert dropped == {"bad": "start failed: InjectedFault"} and rd.names() == ["good"]

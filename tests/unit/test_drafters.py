@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from banditspec.drafters.base import validated_max_len, validated_tokens
 from banditspec.drafters.copy_pointer import CopyPointerDrafter
 from banditspec.drafters.pld import PromptLookupDrafter
 from banditspec.drafters.registry import DRAFTER_NAMES, make_drafter
@@ -74,6 +75,33 @@ def test_pld_max_len_zero_and_validation():
     with pytest.raises(BanditSpecValidationError) as err:
         PromptLookupDrafter().start([[1, 2]])
     assert err.value.field == "prompt_ids"
+
+
+@pytest.mark.parametrize("values, ok", [
+    ([3, 0, 2**31 - 1], True), (np.array([3, 0], dtype=np.int64), True), ((3, 4), True), ([], True),
+    ([3, -4], False), ([2**31], False), ([1.0, 2], False), ([[1, 2]], False),
+    (np.array([0.5]), False),
+])
+def test_validated_tokens_takes_ints_in_range_in_any_sequence_and_names_the_field(values, ok):
+    """A list of Python ints (every step's tokens) is checked without numpy; anything else
+    goes through numpy's checks; both give the same answer and a new list of ints."""
+    if ok:
+        out = validated_tokens(values, "new_tokens")
+        assert out == [int(v) for v in values] and all(type(v) is int for v in out)
+        assert out is not values
+    else:
+        with pytest.raises(BanditSpecValidationError) as err:
+            validated_tokens(values, "new_tokens")
+        assert err.value.field == "new_tokens"
+
+
+@pytest.mark.parametrize("value, ok", [(0, True), (7, True), (np.int64(3), True), (-1, False), (True, False), (2.0, False)])
+def test_validated_max_len(value, ok):
+    if ok:
+        assert validated_max_len(value) == int(value) and type(validated_max_len(value)) is int
+    else:
+        with pytest.raises(BanditSpecValidationError):
+            validated_max_len(value)
 
 
 def test_pld_matches_reference_and_rebuild_step_by_step():

@@ -127,8 +127,9 @@ class CostModel:
         self._seen = 0  # observations in all
         self._draft_cached: dict[str, tuple[float, float]] | None = None
         # curve(context) for the current fit and overhead (a round asks for the same
-        # context two or three times): read-only arrays, emptied when either changes
-        self._curves: dict[int | None, np.ndarray] = {}
+        # context two or three times): read-only arrays and the same as lists (the
+        # controller's scalar arithmetic), emptied when either changes
+        self._curves: dict[int | None, tuple[np.ndarray, list[float]]] = {}
         self.calibrated = False
 
     # -- observations ----------------------------------------------------------------
@@ -186,16 +187,23 @@ class CostModel:
         tokens (None: the reference context, the observations' mean), overhead included
         (index k >= 1; index 0 unused); non-decreasing in k. Read-only: the array is shared by
         the calls at the same context until the fit or the overhead changes."""
+        return self._curve(context)[0]
+
+    def curve_list(self, context: int | None = None) -> list[float]:
+        """:meth:`curve` as a list of floats (the same values; shared: read only)."""
+        return self._curve(context)[1]
+
+    def _curve(self, context: int | None) -> tuple[np.ndarray, list[float]]:
         with self._lock:
             fit = self._current()
             out = self._curves.get(context)
             if out is None:
                 if len(self._curves) >= 64:
                     self._curves.clear()
-                out = fit.at(context)
-                out[1:] += self._overhead
-                out.setflags(write=False)
-                self._curves[context] = out
+                array = fit.at(context)
+                array[1:] += self._overhead
+                array.setflags(write=False)
+                out = self._curves[context] = (array, array.tolist())
         return out
 
     def refresh(self) -> None:

@@ -209,13 +209,6 @@ class Choice:
     value: float = 0.0  # what the objective maximises: E - rate * C ("rate"), E / C ("ratio")
 
 
-def _round_seconds(candidate: Candidate, curve: np.ndarray, top: int) -> np.ndarray:
-    """float64 [top]: what a round drafting gamma = 1..top tokens with ``candidate`` costs
-    (the verify of 1 + gamma tokens, plus a costly drafter's drafting)."""
-    return (curve[2 : top + 2] + candidate.draft_seconds_per_call
-            + candidate.draft_seconds_per_token * np.arange(1, top + 1))
-
-
 class CostAwarePolicy:
     """One request's controller (see the module docstring)."""
 
@@ -267,8 +260,8 @@ class CostAwarePolicy:
             prior.accepted[:, :width] = snap.accepted[:, :width] * scale
             self.prior[d] = prior
         self.rounds = 0
-        # drafter -> {bucket: its hazards as a list}, for best(); a drafter's entry is
-        # dropped when it records (its counts change; the prior does not)
+        # drafter -> {bucket: its hazards as a list}, for best(); a bucket's entry is
+        # dropped when the drafter records in it (its counts change there; the prior never)
         self._hazard_lists: dict[str, dict[int, list[float]]] = {}
 
     # -- estimates -------------------------------------------------------------------
@@ -285,8 +278,8 @@ class CostAwarePolicy:
         return (accepted + self._a0) / (offered + self._a0 + self._b0)
 
     def _hazard_list(self, drafter: str, bucket: int) -> list[float]:
-        """:meth:`_hazard` of one bucket as a list, cached until ``drafter`` records (the
-        cache's own list: read, or slice before changing it)."""
+        """:meth:`_hazard` of one bucket as a list, cached until ``drafter`` records in that
+        bucket (the cache's own list: read, or slice before changing it)."""
         lists = self._hazard_lists.setdefault(drafter, {})
         hazard = lists.get(bucket)
         if hazard is None:
@@ -356,10 +349,9 @@ class CostAwarePolicy:
         Scalar arithmetic over Python floats (a round asks this two or three times, over a
         handful of candidates of at most L lengths each: numpy's per-call overhead was most
         of its cost); the same IEEE operations in the same order as :meth:`survival` and
-        :func:`_round_seconds`, so the choice is the one they give."""
-        curve = self.cost_model.curve(context)
-        cap = max(0, min(gamma_cap, self.max_len, len(curve) - 2))
-        seconds = curve.tolist()
+        the cost curve plus a costly drafter's drafting, so the choice is the one they give."""
+        seconds = self.cost_model.curve_list(context)
+        cap = max(0, min(gamma_cap, self.max_len, len(seconds) - 2))
         rate = self.rate(seconds[1]) if self.objective == "rate" else None
         if start is not None:
             best = start
@@ -397,23 +389,35 @@ class CostAwarePolicy:
         context among ``buckets`` (the most favourable one): when even that cannot beat the
         round's best choice, there is no point in asking the drafter (a preview costs a head
         call, a REST lookup several times a PLD one)."""
-        curve = self.cost_model.curve(context)
-        top = max(0, min(candidate.max_gamma, gamma_cap, self.max_len, len(curve) - 2))
+        seconds = self.cost_model.curve_list(context)
+        top = max(0, min(candidate.max_gamma, gamma_cap, self.max_len, len(seconds) - 2))
         counts = self.local.get(candidate.drafter)
         if top <= 0 or counts is None:
             return 0.0
-        hazard = self._hazard(candidate.drafter, buckets)[:, :top]  # [buckets, top]
         # Optimism on the first position, by the drafter's evidence over all its contexts:
         # a drafter little asked is asked (its preview is how it learns); a well-known one is
         # judged on its estimates (a bonus per unseen context would keep every one alive).
         evidence = self.evidence.get(candidate.drafter)
         seen = counts.offered[:, 0].sum() + (evidence[:, 0].sum() if evidence is not None else 0.0)
-        hazard[:, 0] = np.minimum(1.0, hazard[:, 0] + self._optimism * math.sqrt(math.log(self.rounds + 2) / (seen + 1.0)))
-        survival = np.cumprod(hazard, axis=1)
-        expected, cost = 1.0 + np.cumsum(survival, axis=1), _round_seconds(candidate, curve, top)
-        if self.objective == "rate":
-            return float((expected - self.rate(float(curve[1])) * cost).max())
-        return float((expected / cost).max())
+        bonus = self._optimism * math.sqrt(math.log(self.rounds + 2) / (seen + 1.0))
+        # Scalar arithmetic (as in best(): numpy's per-call overhead over [buckets, top]
+        # arrays was most of the cost) in cumprod's / cumsum's order.
+        per_call, per_token = candidate.draft_seconds_per_call, candidate.draft_seconds_per_token
+        costs = [seconds[gamma + 1] + per_call + per_token * gamma for gamma in range(1, top + 1)]
+        rate = self.rate(seconds[1]) if self.objective == "rate" else None
+        top_value = -math.inf
+        for hazard in self._hazard(candidate.drafter, buckets)[:, :top].tolist():  # [buckets][top]
+            survival = min(1.0, hazard[0] + bonus)
+            total = 0.0
+            for gamma in range(1, top + 1):
+                if gamma > 1:
+                    survival *= hazard[gamma - 1]
+                total += survival
+                cost = costs[gamma - 1]
+                value = (1.0 + total) - rate * cost if rate is not None else (1.0 + total) / cost
+                if value > top_value:
+                    top_value = value
+        return float(top_value)
 
     def seen(self, drafter: str, bucket: int, position: int) -> float:
         """How many outcomes at draft position ``position`` (0-based) in ``bucket`` this
@@ -433,7 +437,7 @@ class CostAwarePolicy:
             return already
         done = counts.record(bucket, proposed, accepted, known, 1.0, already)
         if done > already:
-            self._hazard_lists.pop(drafter, None)
+            self._hazard_lists.get(drafter, {}).pop(bucket, None)  # the request's counts change only there
         if self.shared is not None and done > already:
             self.shared.record(drafter, bucket, proposed, accepted, known, already)
         return done

@@ -105,6 +105,13 @@ class Drafter(Protocol):
 
 def validated_tokens(values: Sequence[int] | np.ndarray, field: str) -> list[int]:
     """Token ids as a list of Python ints; ``values`` must be a 1-D sequence of ints in [0, 2**31)."""
+    if type(values) is list and all(type(v) is int for v in values):
+        # the common case (a step's tokens, a prompt as a list): checked without numpy's
+        # per-call overhead (~10 us against ~1 for a step's few tokens, and every drafter
+        # observes every step)
+        if values and (min(values) < 0 or max(values) > MAX_TOKEN_ID):
+            raise BanditSpecValidationError(field, f"token ids must be in [0, {MAX_TOKEN_ID}]")
+        return list(values)
     array = np.asarray(values)
     if array.size == 0:
         return []
@@ -117,6 +124,8 @@ def validated_tokens(values: Sequence[int] | np.ndarray, field: str) -> list[int
 
 def validated_max_len(max_len: int) -> int:
     """``max_len`` as an int >= 0 (0 asks for an empty draft)."""
+    if type(max_len) is int and max_len >= 0:  # the common case, without the ABC check
+        return max_len
     return check_int("max_len", max_len, 0)
 
 
