@@ -227,6 +227,37 @@ def test_prompt_window_reads_only_the_latest_positions(drafter, tiny):
             EagleDrafter(drafter.head, drafter.embedding, prompt_window=bad)
 
 
+def test_catchup_window_restarts_the_cache_on_the_latest_pairs(drafter, tiny):
+    """With a catch-up window of w, a session asked to draft with more than w real pairs
+    pending drafts exactly what a fresh session holding only the latest w pairs drafts (its
+    cache restarted on them); with w or fewer pending it feeds them all on top of its cache."""
+    ids = random_ids(48, seed=13)
+    hidden = target_hidden(tiny, ids)
+    window = 6
+    windowed = EagleDrafter(drafter.head, drafter.embedding, catchup_window=window)
+    session = windowed.start(ids[:10])
+    session.observe([ids[10]], hidden[:10])
+    session.propose(3)  # the prompt's 10 pairs: more than w, so only the latest 6
+    assert session.cache_k.shape[2] == window
+    session.observe(ids[11:15], hidden[10:14])  # 4 pending: all fed on top
+    session.propose(3)
+    assert session.cache_k.shape[2] == window + 4
+    session.observe(ids[15:30], hidden[14:29])  # 15 pending: a restart on the latest 6
+    draft = session.propose(4).token_ids
+    assert session.cache_k.shape[2] == window
+
+    tail = ids[29 - window:30]  # positions 23..28, each with its next token
+    fresh = drafter.start(tail[:1])
+    fresh.observe(tail[1:], hidden[29 - window:29])
+    assert np.array_equal(draft, fresh.propose(4).token_ids)
+    whole, _ = started(drafter, tiny, ids, 30)
+    whole.propose(4)
+    assert whole.cache_k.shape[2] == 30  # without the window: every pair
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(BanditSpecValidationError, match="catchup_window"):
+            EagleDrafter(drafter.head, drafter.embedding, catchup_window=bad)
+
+
 def test_missing_features_mean_no_draft(drafter, tiny):
     ids = random_ids(16, seed=5)
     session = drafter.start(ids[:8])
