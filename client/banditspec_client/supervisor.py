@@ -352,6 +352,12 @@ def active_sequences(metrics_port: int) -> float | None:
         return None
 
 
+# A check of the stubs and models (/proc, the metrics port) takes milliseconds; one that took
+# longer than this is logged: twice in full-suite runs a killed stub went unnoticed for minutes
+# (closing notes of stops 35 and 42), and this says whether the check itself was blocked.
+SLOW_CHECK_S = 5.0
+
+
 class Supervisor:
     """Keeps a :class:`~banditspec_client.serve.TritonServer` serving (see the module doc)."""
 
@@ -412,6 +418,10 @@ class Supervisor:
                 self.log(f"supervisor: {model} is hung: {why}")
         return [known.get(model, Stub(0, model, "")) for model in hung]
 
+    def _known_stubs(self) -> str:
+        known = () if self.server.watch is None else list(self.server.watch.known.values())
+        return ", ".join(f"{s.model} (pid {s.pid})" for s in known) or "none"
+
     def _drain(self, stop: threading.Event) -> list[Stub]:
         """Wait until no sequence is active or ``drain_s`` passed; returns further deaths
         of required stubs (which end the drain at once)."""
@@ -439,7 +449,12 @@ class Supervisor:
         The server must have been started; it is stopped on return."""
         try:
             while not stop.is_set():
+                began = time.monotonic()
                 dead, exited = self._dead_or_exited()
+                took = time.monotonic() - began
+                if took > SLOW_CHECK_S:
+                    self.log(f"supervisor: checking the stubs and models took {took:.1f} s "
+                             f"(known stubs: {self._known_stubs()})")
                 if not dead and not exited:
                     stop.wait(self.poll_s)
                     continue

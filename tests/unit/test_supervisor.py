@@ -79,6 +79,27 @@ def test_a_required_stub_death_restarts_at_once(dead, monkeypatch):
     assert actions == ["stop", "start", "ready", "stop"]  # restart, then the final stop on return
 
 
+def test_a_slow_check_is_logged_with_the_stubs_it_knew(monkeypatch):
+    """A check of the stubs that blocked (a /proc read, the metrics port) is logged with how long
+    it took and the stubs it knew; quick checks log nothing."""
+    monkeypatch.setattr(sup, "SLOW_CHECK_S", 0.05)
+    stop = threading.Event()
+    server = FakeServer(deaths=[[], [], [TARGET]], stop_event=stop)
+    polls = server.watch.poll
+    slow = iter([False, True, False])
+
+    def poll():
+        if next(slow, False):
+            time.sleep(0.1)
+        return polls()
+
+    server.watch.poll = poll
+    server.watch.known = {13: BANDITSPEC}
+    assert run(server, stop) == 0
+    logged = [e for e in server.events if "took" in e]
+    assert len(logged) == 1 and "banditspec (pid 13)" in logged[0], server.events
+
+
 def test_a_region_of_the_stopped_server_still_there_after_the_restart_is_removed_and_reported():
     """The stopped server's stub regions must not outlive the restart, even one its stop missed."""
     import uuid
