@@ -352,6 +352,11 @@ def active_sequences(metrics_port: int) -> float | None:
         return None
 
 
+def _describe(stubs) -> str:
+    """Stubs for the log: "target (pid 11), eagle (pid 12)", or "none"."""
+    return ", ".join(f"{s.model} (pid {s.pid})" for s in stubs) or "none"
+
+
 # A check of the stubs and models (/proc, the metrics port) takes milliseconds; one that took
 # longer than this is logged: twice in full-suite runs a killed stub went unnoticed for minutes
 # (closing notes of stops 35 and 42), and this says whether the check itself was blocked.
@@ -419,8 +424,7 @@ class Supervisor:
         return [known.get(model, Stub(0, model, "")) for model in hung]
 
     def _known_stubs(self) -> str:
-        known = () if self.server.watch is None else list(self.server.watch.known.values())
-        return ", ".join(f"{s.model} (pid {s.pid})" for s in known) or "none"
+        return _describe(() if self.server.watch is None else list(self.server.watch.known.values()))
 
     def _drain(self, stop: threading.Event) -> list[Stub]:
         """Wait until no sequence is active or ``drain_s`` passed; returns further deaths
@@ -458,7 +462,7 @@ class Supervisor:
                 if not dead and not exited:
                     stop.wait(self.poll_s)
                     continue
-                names = ", ".join(f"{s.model} (pid {s.pid})" for s in dead) or "none"
+                names = _describe(dead)
                 self.log(f"supervisor: stub died or hung: {names}; tritonserver {'exited' if exited else 'running'}")
                 if dead and not exited and all(s.model in OPTIONAL_MODELS for s in dead):
                     self.log(f"supervisor: requests continue without {names}; draining (at most {self.drain_s:.0f} s)")
