@@ -393,8 +393,8 @@ class TritonServer:
                 continue
             if self.is_ready():
                 self._ports_fixed = True
-                if self.watch is not None:
-                    self.watch.poll()  # remember the stubs' regions while they live
+                if self.watch is not None:  # remember the stubs and their regions while they live; a death
+                    self.watch.record()  # seen now is left for the supervisor's next poll
                 return
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s (log: {self.log_path})")
@@ -405,7 +405,7 @@ class TritonServer:
             return None
         regions = set(_stub_shm_regions(proc.pid))
         if self.watch is not None:
-            self.watch.poll()
+            self.watch.record()
             regions |= self.watch.regions  # a stub that died earlier is no longer in /proc
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 STUB_BINARY = b"triton_python_backend_stub"
+UNKNOWN_MODEL = "unknown"  # a stub that died before the watch saw it alive
 OPTIONAL_MODELS = frozenset({"eagle"})  # their death degrades service, it does not stop it
 EXIT_STUB_DIED = 3
 DEFAULT_HANG_S = 60.0
@@ -73,16 +74,25 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
 
 
-def list_stubs(server_pid: int) -> list[Stub]:
-    """The live Python-backend stubs that ``server_pid`` started; a stub's argv is
-    ``stub <repo>/<model>/<version>/model.py <shm region> ...``."""
-    out = []
+def _stub_children(server_pid: int) -> tuple[list[Stub], set[int]]:
+    """(the live Python-backend stubs that ``server_pid`` started, the pids of its zombie
+    children named like a stub). A stub's argv is ``stub <repo>/<model>/<version>/model.py
+    <shm region> ...``; a zombie has no argv left, only its name (``comm``, 15 characters)."""
+    live, zombies = [], set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
         fields = _stat_fields(pid)
-        if fields is None or int(fields[1]) != server_pid or fields[0] == "Z":
+        if fields is None or int(fields[1]) != server_pid:
+            continue
+        if fields[0] == "Z":
+            try:
+                name = (entry / "comm").read_bytes().strip()
+            except OSError:
+                continue
+            if name and STUB_BINARY.startswith(name):
+                zombies.add(pid)
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
@@ -92,8 +102,13 @@ def list_stubs(server_pid: int) -> list[Stub]:
             region = argv[2].decode(errors="replace").lstrip("/")
             model = Path(argv[1].decode(errors="replace")).parent.parent.name
             if region and "/" not in region:
-                out.append(Stub(pid, model, region))
-    return out
+                live.append(Stub(pid, model, region))
+    return live, zombies
+
+
+def list_stubs(server_pid: int) -> list[Stub]:
+    """The live Python-backend stubs that ``server_pid`` started."""
+    return _stub_children(server_pid)[0]
 
 
 def remove_regions(regions) -> list[str]:
@@ -141,16 +156,31 @@ class StubWatch:
         self.server_pid = server_pid
         self.known: dict[int, Stub] = {}
         self.regions: set[str] = set()
+        self._reported: set[int] = set()  # pids already returned as dead
         self._lock = threading.Lock()
+
+    def record(self) -> None:
+        """Remember the live stubs and their regions; deaths stay for :meth:`poll` to report
+        (the server's own ready check and stop call this, not the supervisor)."""
+        live = list_stubs(self.server_pid)
+        with self._lock:
+            self.known.update((s.pid, s) for s in live)
+            self.regions.update(s.region for s in live)
 
     def poll(self) -> list[Stub]:
         """Record the live stubs; return those seen before that are now gone (dead, or a
-        zombie the server has not reaped: Triton 2.51 leaves a SIGKILLed stub as one)."""
-        live = {s.pid: s for s in list_stubs(self.server_pid)}
+        zombie the server has not reaped: Triton 2.51 leaves a SIGKILLed stub as one), and,
+        once each, zombie stubs never seen alive (killed between two polls: their model is
+        ``UNKNOWN_MODEL``, so they count as required)."""
+        found, zombies = _stub_children(self.server_pid)
+        live = {s.pid: s for s in found}
         with self._lock:
             dead = [s for pid, s in self.known.items() if pid not in live]
-            for pid in [s.pid for s in dead]:
-                del self.known[pid]
+            dead += [Stub(pid, UNKNOWN_MODEL, "") for pid in sorted(zombies)
+                     if pid not in self.known and pid not in self._reported]
+            for s in dead:
+                self.known.pop(s.pid, None)
+                self._reported.add(s.pid)
             self.known.update(live)
             self.regions.update(s.region for s in live.values())
         return dead

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from banditspec_client import supervisor as sup
-from banditspec_client.supervisor import Stub, StubWatch, Supervisor
+from banditspec_client.supervisor import UNKNOWN_MODEL, Stub, StubWatch, Supervisor
 
 
 class FakeProcess:
@@ -195,25 +196,51 @@ def test_unknown_mode_is_refused():
         Supervisor(FakeServer(), on_stub_death="ignore")
 
 
-def test_stub_watch_sees_a_stub_die_and_keeps_its_region(tmp_path):
-    """A child whose argv looks like a stub's: ``.../triton_python_backend_stub <repo>/target/1/model.py <region>``."""
+def _fake_stub(tmp_path, region: str = "triton_python_backend_shm_region_test") -> subprocess.Popen:
+    """A child whose argv looks like a stub's (``.../triton_python_backend_stub <repo>/target/1/model.py
+    <region>``) and whose name (comm) is a stub's, as a zombie keeps it; returns once named."""
     model_py = tmp_path / "repo" / "target" / "1" / "model.py"
-    model_py.parent.mkdir(parents=True)
-    model_py.write_text("import time\ntime.sleep(1000)\n")
-    region = "triton_python_backend_shm_region_test"
+    model_py.parent.mkdir(parents=True, exist_ok=True)
+    model_py.write_text("open('/proc/self/comm', 'w').write('triton_python_backend_stub'[:15])\n"
+                        "import time\ntime.sleep(1000)\n")
     child = subprocess.Popen([str(tmp_path / "triton_python_backend_stub"), str(model_py), region], executable=sys.executable)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/comm").read_text().strip() != "triton_python_b":
+        assert time.monotonic() < deadline, "the fake stub never named itself"
+        time.sleep(0.02)
+    return child
+
+
+def test_stub_watch_sees_a_stub_die_and_keeps_its_region(tmp_path):
+    region = "triton_python_backend_shm_region_test"
+    child = _fake_stub(tmp_path, region)
     try:
         watch = StubWatch(os.getpid())
-        deadline = time.monotonic() + 10
-        while not watch.known and time.monotonic() < deadline:
-            assert watch.poll() == []
-            time.sleep(0.05)
+        assert watch.poll() == []
         (stub,) = watch.known.values()
         assert (stub.pid, stub.model, stub.region) == (child.pid, "target", region)
         os.kill(child.pid, signal.SIGKILL)
         time.sleep(0.3)  # not reaped yet: a zombie counts as dead
+        watch.record()  # the server's own ready check / stop: remembers, reports nothing
         assert watch.poll() == [stub]
         assert watch.poll() == [] and watch.regions == {region}
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_stub_killed_before_the_watch_saw_it_is_reported_once(tmp_path):
+    """Killed between the server's start and the watch's first look (a test killed one within
+    the 0.5 s before serve noticed ready): left a zombie, it has no argv, only its name."""
+    child = _fake_stub(tmp_path)
+    try:
+        os.kill(child.pid, signal.SIGKILL)
+        time.sleep(0.3)
+        watch = StubWatch(os.getpid())
+        watch.record()
+        assert watch.known == {}
+        assert watch.poll() == [Stub(child.pid, UNKNOWN_MODEL, "")]
+        assert watch.poll() == []
     finally:
         child.kill()
         child.wait()
