@@ -277,7 +277,7 @@ def test_tiny_training_reduces_loss_on_every_step(target):
     embedding = target.get_input_embeddings().weight.detach()
     lm_rows = target.lm_head.weight.detach()[head.draft_vocab]
     train_set = feature_set(target, 16, 24, seed=7)
-    cfg = TrainConfig(epochs=6, batch_tokens=96, lr=3e-3, warmup=3, unroll_steps=2)
+    cfg = TrainConfig(epochs=6, batch_tokens=96, lr=3e-3, warmup=3, unroll_steps=2, label_temperature=1.0)
     loss_fn = loss_function(head, embedding, lm_rows, cfg)
     before, top1_before = evaluate_head(loss_fn, train_set, cfg)
     result = train_head(head, loss_fn, train_set, None, cfg, progress=False)
@@ -327,6 +327,21 @@ def test_loss_on_counted_pairs_only_equals_the_full_grid_loss(target):
         torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
 
 
+def test_label_temperature_sharpens_the_teacher_and_zero_is_its_argmax():
+    from banditspec_train.eagle.objective3 import teacher_distribution
+    from banditspec_train.eagle.train import TrainConfig
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 2.9, 0.0]])
+    torch.testing.assert_close(teacher_distribution(logits, 1.0), logits.softmax(-1))
+    sharp = teacher_distribution(logits, 0.5)
+    torch.testing.assert_close(sharp, (2 * logits).softmax(-1))
+    assert bool((sharp.max(-1).values > logits.softmax(-1).max(-1).values).all())
+    hard = teacher_distribution(logits, 0.0)
+    assert hard.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]
+    with pytest.raises(BanditSpecValidationError, match="label_temperature"):
+        TrainConfig(label_temperature=-0.5)
+
+
 def test_distilled_loss_starts_at_the_first_draftable_answer_token():
     from banditspec_train.eagle.selfdistill import DistillSpec, loss_starts
 
@@ -352,7 +367,8 @@ def test_shipped_head_is_eagle3_and_fits_smollm2():
     assert len(vocab) == c.draft_vocab_size == len(set(vocab.tolist()))
     info = json.loads(EAGLE3_WEIGHTS.with_suffix(".json").read_text())
     assert info["format"] == "eagle3" and info["distill"]["aux_layers"] == [1, 14, 26]
-    assert head_min_confidence(EAGLE3_WEIGHTS) == info["min_confidence"] == 0.3
+    assert head_min_confidence(EAGLE3_WEIGHTS) == info["min_confidence"] == 0.2
+    assert info["train"]["unroll_steps"] == 4 and info["metrics"]["val_top1_per_step"][0] > 0.45
 
 
 @pytest.mark.slow

@@ -64,7 +64,8 @@ def test_the_shipped_default_head_carries_its_probe_and_how_well_it_did():
     assert probe is not None and probe.feature_size == 576
     info = json.loads(EAGLE1_WEIGHTS.with_suffix(".json").read_text())[PROBE_KEY]
     assert info["held_out"]["held_out_auc"] > 0.7 and info["data"]["prompts_per_workload"] < 125
-    assert head_probe(EAGLE3_WEIGHTS) is None  # no probe fitted for it: pulled blind
+    probe3 = head_probe(EAGLE3_WEIGHTS)  # the EAGLE-3 head's probe reads its three captured layers
+    assert probe3 is not None and probe3.feature_size == 3 * 576
     assert load_default_eagle_drafter(tiny_smollm2_shape(), EAGLE1_WEIGHTS).probe is not None
     assert load_default_eagle_drafter(tiny_smollm2_shape(), EAGLE1_WEIGHTS, probe=False).probe is None
 

@@ -46,10 +46,20 @@ def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tenso
     return states
 
 
+def teacher_distribution(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 [M, K] labels from the target's logits [M, K]: softmax(logits / temperature);
+    temperature 0 is the one-hot of the target's argmax (what greedy verification accepts)."""
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return (logits.float() / temperature).softmax(-1)
+
+
 def unrolled_loss3(head: Eagle3Head, embedding: torch.Tensor, lm_rows: torch.Tensor, batch: Batch,
-                   steps: int, step_decay: float = 0.8) -> StepStats:
+                   steps: int, step_decay: float = 0.8, label_temperature: float = 1.0) -> StepStats:
     """embedding: float32 [V, H] (the target's frozen embedding); lm_rows: float32 [K, H], the
     target's LM-head rows of the draft vocabulary (teacher logits). batch.features: [B, T, (k+1) H].
+    ``label_temperature``: of the teacher's distribution (1: the target's own; < 1 sharper; 0 its
+    argmax alone).
 
     Logits (the head's and the teacher's, [*, K]: most of a step's cost) are computed only for
     the pairs in the loss (batch.counted; step s drops pairs i < s - 1), not for padding or
@@ -60,7 +70,7 @@ def unrolled_loss3(head: Eagle3Head, embedding: torch.Tensor, lm_rows: torch.Ten
     with torch.no_grad():
         final = batch.features[:, 1:, -hidden_size:][counted]  # f_{i+1} of counted pairs [M, H]
         teacher_logits = final @ lm_rows.T  # [M, K]
-        teacher_probs = teacher_logits.float().softmax(-1)
+        teacher_probs = teacher_distribution(teacher_logits, label_temperature)
         teacher_top1 = teacher_logits.argmax(-1)
     states = unrolled_states(head, embedding[batch.tokens[:, 1:]], aux, steps)
 

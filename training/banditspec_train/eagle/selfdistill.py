@@ -35,8 +35,8 @@ CODE_TEMPLATE = "Complete the following Python function.\n\n```python\n{code}```
 
 @dataclass(frozen=True)
 class DistillSpec:
-    chat_prompts: int = 1200
-    code_prompts: int = 240
+    chat_prompts: int = 3000
+    code_prompts: int = 300
     max_new_tokens: int = 128
     batch_size: int = 64
     seed: int = 0
