@@ -40,13 +40,15 @@ def model_counters(port: int) -> dict[str, dict[str, float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--skip", type=int, default=0,
+                        help="start after this many prompts (the first 12-24 tuned the heads' cut-offs)")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--max-draft-len", type=int, default=4)
     parser.add_argument("--eagle-head", default="", choices=("", "eagle1", "eagle3"),
                         help="the shipped head served (both models' eagle_head parameter)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "eagle" / "triton_costs.json")
     args = parser.parse_args()
-    prompts = chat_prompts(args.prompts)
+    prompts = chat_prompts(args.skip + args.prompts)[args.skip:]
     per_policy = {p: {"tokens": 0, "seconds": 0.0, "steps": 0, "target_calls": 0, "target_us": 0.0,
                       "eagle_calls": 0, "eagle_us": 0.0} for p in POLICIES}
     mismatches = 0
@@ -75,7 +77,8 @@ def main() -> int:
                     row[f"{model}_us"] += after[model][COUNTERS[1]] - before[model][COUNTERS[1]]
                 texts[policy] = result.text
             mismatches += len(set(texts.values())) != 1
-    report = {"eagle_head": args.eagle_head or "default", "prompts": len(prompts), "max_tokens": args.max_tokens,
+    report = {"eagle_head": args.eagle_head or "default", "prompts": len(prompts), "skip": args.skip,
+              "max_tokens": args.max_tokens,
               "max_draft_len": args.max_draft_len,
               "output_mismatches": mismatches, "policies": {}}
     for policy, row in per_policy.items():
