@@ -54,7 +54,6 @@ runner = Runner(RunSettings())
 assert "eagle" in runner.adaptive_arms, runner.unavailable
 rows = interleaved(held_out(workloads, n, skip), methods, lambda p, m: runner.run(p, m, 64))
 new = methods[-1].name
-report(rows, new, methods[-2].name, out, workloads)
-if mode == "fixed":
-    report(rows, new, "vanilla", out, workloads)
-    report(rows, "eagle", "vanilla", out, workloads)
+pairs = [(new, methods[-2].name)] + ([(new, "vanilla"), ("eagle", "vanilla")] if mode == "fixed" else [])
+for first, second in pairs:  # each prints its ratios; the rows are saved to OUT.json (the same each time)
+    report(rows, first, second, out, workloads)
