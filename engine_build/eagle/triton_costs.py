@@ -49,7 +49,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "eagle" / "triton_costs.json")
     args = parser.parse_args()
     prompts = chat_prompts(args.skip + args.prompts)[args.skip:]
-    per_policy = {p: {"tokens": 0, "seconds": 0.0, "steps": 0, "target_calls": 0, "target_us": 0.0,
+    per_policy = {p: {"tokens": 0, "seconds": 0.0, "steps": 0, "drafted": 0, "target_calls": 0, "target_us": 0.0,
                       "eagle_calls": 0, "eagle_us": 0.0} for p in POLICIES}
     mismatches = 0
     log = cache_dir() / "eagle-triton-costs.log"
@@ -71,6 +71,7 @@ def main() -> int:
                 row = per_policy[policy]
                 row["tokens"] += result.stats["generated_tokens"]
                 row["steps"] += result.stats["steps"]
+                row["drafted"] += sum(result.stats["drafted"])
                 row["seconds"] += seconds
                 for model in ("target", "eagle"):
                     row[f"{model}_calls"] += after[model][COUNTERS[0]] - before[model][COUNTERS[0]]
@@ -89,10 +90,17 @@ def main() -> int:
             "target_ms_per_call": round(row["target_us"] / max(row["target_calls"], 1) / 1000, 2),
             "eagle_calls": int(row["eagle_calls"]),
             "eagle_ms_per_call": round(row["eagle_us"] / max(row["eagle_calls"], 1) / 1000, 2) if row["eagle_calls"] else None,
+            "drafted_tokens": int(row["drafted"]),
+            # an eagle call's time spread over the draft steps it made (calls that drafted nothing included)
+            "eagle_ms_per_drafted_token": round(row["eagle_us"] / row["drafted"] / 1000, 3)
+            if row["eagle_calls"] and row["drafted"] else None,
         }
     vanilla = report["policies"]["vanilla"]
     eagle = report["policies"]["fixed:eagle"]
     report["eagle_call_over_plain_target_step"] = round(eagle["eagle_ms_per_call"] / vanilla["target_ms_per_call"], 3)
+    if eagle["eagle_ms_per_drafted_token"] is not None:
+        report["eagle_draft_step_over_plain_target_step"] = round(
+            eagle["eagle_ms_per_drafted_token"] / vanilla["target_ms_per_call"], 3)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -36,7 +36,7 @@ class Batch:
 class StepStats:
     loss: torch.Tensor  # scalar, weighted over steps, with grad
     per_step_loss: list[float]
-    per_step_top1: list[float]  # head argmax == target argmax (within the draft vocab)
+    per_step_top1: list[float]  # head argmax == target argmax (within the draft vocab); [] if not measured
 
 
 def unrolled_mask(n: int, step: int) -> torch.Tensor:
@@ -95,14 +95,15 @@ def unrolled_loss(head: EagleHead, embedding: torch.Tensor, batch: Batch, steps:
     return weighted_steps(predictions, score, batch.counted, step_decay)
 
 
-Score = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Score = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
 def weighted_steps(outputs: list[torch.Tensor], score: Score, counted: torch.Tensor, step_decay: float) -> StepStats:
     """Per-step mean loss over counted pairs (step s counts pairs i >= s - 1), weighted
     ``step_decay ** (s - 1)``, and top-1 agreement. ``score(output, mask)`` -> (loss of each
-    pair in ``mask`` [m], whether the head's argmax is the target's there [m]), in ``mask``'s
-    row-major order (it may compute only those pairs)."""
+    pair in ``mask`` [m], whether the head's argmax is the target's there [m], or None where
+    not measured: ``per_step_top1`` is then empty), in ``mask``'s row-major order (it may
+    compute only those pairs)."""
     total = torch.zeros(())
     weight_sum = 0.0
     per_loss, per_top1 = [], []
@@ -116,5 +117,6 @@ def weighted_steps(outputs: list[torch.Tensor], score: Score, counted: torch.Ten
         total = total + w * loss
         weight_sum += w
         per_loss.append(float(loss.detach()))
-        per_top1.append(float(agree.sum()) / denom)
+        if agree is not None:
+            per_top1.append(float(agree.sum()) / denom)
     return StepStats(total / weight_sum, per_loss, per_top1)

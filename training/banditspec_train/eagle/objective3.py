@@ -54,29 +54,58 @@ def teacher_distribution(logits: torch.Tensor, temperature: float) -> torch.Tens
     return (logits.float() / temperature).softmax(-1)
 
 
+class _SoftCrossEntropy(torch.autograd.Function):
+    """Per-row cross-entropy -sum_k p_k log softmax(z)_k with the gradient softmax(z) - p
+    (rows of ``p`` sum to 1) written over the saved log-probabilities: the same values as
+    ``-(p * z.log_softmax(-1)).sum(-1)`` under autograd with two fewer [m, K] buffers each way
+    (on a CPU the [m, K] passes, not the matmuls, were most of a training step)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        log_probs = logits.log_softmax(-1)  # [m, K]
+        ctx.save_for_backward(log_probs, probs)
+        return -torch.linalg.vecdot(probs, log_probs)  # [m]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        log_probs, probs = ctx.saved_tensors
+        return log_probs.exp_().sub_(probs).mul_(grad[:, None]), None  # in place: backward runs once
+
+
+def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """float32 [m] per-row cross-entropy of ``logits`` [m, K] against distributions ``probs`` [m, K]."""
+    return _SoftCrossEntropy.apply(logits, probs)
+
+
 def unrolled_loss3(head: Eagle3Head, embedding: torch.Tensor, lm_rows: torch.Tensor, batch: Batch,
-                   steps: int, step_decay: float = 0.8, label_temperature: float = 1.0) -> StepStats:
+                   steps: int, step_decay: float = 0.8, label_temperature: float = 1.0,
+                   top1: bool = True) -> StepStats:
     """embedding: float32 [V, H] (the target's frozen embedding); lm_rows: float32 [K, H], the
     target's LM-head rows of the draft vocabulary (teacher logits). batch.features: [B, T, (k+1) H].
     ``label_temperature``: of the teacher's distribution (1: the target's own; < 1 sharper; 0 its
-    argmax alone).
+    argmax alone). ``top1=False`` skips the agreement (an argmax over [m, K] per step; training
+    does not need it) and reports ``per_step_top1`` empty.
 
     Logits (the head's and the teacher's, [*, K]: most of a step's cost) are computed only for
-    the pairs in the loss (batch.counted; step s drops pairs i < s - 1), not for padding or
-    prompt positions (the same loss as scoring the full grid and masking it)."""
+    the pairs in the loss (batch.counted), not for padding or prompt positions (the same loss
+    as scoring the full grid and masking it). Every step scores all counted pairs against the
+    one teacher matrix and drops its first s - 1 pairs from the [m] losses afterwards (a few
+    rows of wasted logits instead of copying the [M, K] teacher per step)."""
     hidden_size = head.config.hidden_size
     aux = batch.features[:, :-1, :-hidden_size]  # a_i, pairs i = 0 .. T-2
     counted = batch.counted  # [B, T-1]
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # fp32 labels even under bf16 autocast
         final = batch.features[:, 1:, -hidden_size:][counted]  # f_{i+1} of counted pairs [M, H]
         teacher_logits = final @ lm_rows.T  # [M, K]
         teacher_probs = teacher_distribution(teacher_logits, label_temperature)
-        teacher_top1 = teacher_logits.argmax(-1)
+        teacher_top1 = teacher_logits.argmax(-1) if top1 else None
     states = unrolled_states(head, embedding[batch.tokens[:, 1:]], aux, steps)
 
-    def score(state: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def score(state: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         keep = mask[counted]  # [M]: which counted pairs this step scores (same row-major order)
-        logits = head.logits(state[mask]).float()  # [m, K]
-        return -(teacher_probs[keep] * logits.log_softmax(-1)).sum(-1), logits.detach().argmax(-1) == teacher_top1[keep]
+        logits = head.logits(state[counted]).float()  # [M, K]
+        agree = logits.detach().argmax(-1)[keep] == teacher_top1[keep] if teacher_top1 is not None else None
+        return soft_cross_entropy(logits, teacher_probs)[keep], agree
 
     return weighted_steps(states, score, counted, step_decay)
