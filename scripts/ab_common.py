@@ -27,9 +27,10 @@ def tokens_per_second(rows: list, method: str, workload: str = "all", decode: bo
     return sum(r[3] for r in rs) / sum(r[5 if decode else 4] for r in rs)
 
 
-def triton_runner(methods: Sequence, parameters: Callable[[object], dict]):
+def triton_runner(methods: Sequence, parameters: Callable[[object], dict], models: dict | None = None):
     """A TritonRunner class that serves each method from its own copy of the controller model
-    (its own cost model and server-wide statistics) with ``parameters(method)`` set on it."""
+    (its own cost model and server-wide statistics) with ``parameters(method)`` set on it, and
+    ``models`` ({model name: parameters}) set on the server's other models."""
     from banditspec_client import serve
     from banditspec_client.bench import through_triton
 
@@ -40,6 +41,8 @@ def triton_runner(methods: Sequence, parameters: Callable[[object], dict]):
             def server(**kwargs):
                 for method in methods:
                     kwargs["overrides"][through_triton.private_model_name(method)].update(parameters(method))
+                for model, values in (models or {}).items():
+                    kwargs["overrides"].setdefault(model, {}).update(values)
                 return original(**kwargs)
 
             serve.TritonServer = server

@@ -9,43 +9,27 @@ order. scripts/ab_eagle_head.py is the in-process one.
     .venv/bin/python scripts/ab_eagle_head_triton.py PROMPTS_PER_WORKLOAD SKIP OUT.json [WORKLOADS]
 """
 
+import dataclasses
 import sys
 from contextlib import ExitStack
 
-from tqdm import tqdm
-
 from banditspec.paths import cache_dir
-from banditspec_client.bench.methods import RunRecord, digest, parse_methods
-from banditspec_client.serve import TritonServer, free_port
-from banditspec_client.triton_client import GenerationOptions, generate_grpc
+from banditspec_client.bench.methods import parse_methods
+from banditspec_client.bench.runner import RunSettings
 
-from ab_common import held_out, report, row
+from ab_common import held_out, interleaved, report, triton_runner
 
-HEADS = ("eagle3", "eagle1")
 n, skip, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 workloads = tuple(sys.argv[4].split(",")) if len(sys.argv) > 4 else ("code", "code-edit", "chat")
-method = parse_methods("costaware")[0]
-prompts = held_out(workloads, n, skip)
+base = parse_methods("costaware")[0]
+methods = [dataclasses.replace(base, name=head) for head in ("eagle3", "eagle1")]  # a method per head
 
 with ExitStack() as stack:
-    servers = {head: stack.enter_context(TritonServer(
-        model="smollm2", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-        log_path=cache_dir() / f"ab-eagle-head-triton-{head}.log",
-        overrides={"target": {"torch_threads": "1"}, "eagle": {"eagle_head": head},
-                   "banditspec": {"eagle_head": head}})) for head in HEADS}
-    options = GenerationOptions(max_tokens=64, policy=method.policy)
-    for server in servers.values():  # warm-up: first calls load lazily
-        generate_grpc(server.grpc_url, "Hello!", GenerationOptions(max_tokens=8, policy="fixed:eagle"))
-    rows = []
-    bar = tqdm(total=2 * sum(len(p) for _, p in prompts), desc="requests", unit="req")
-    for workload, workload_prompts in prompts:
-        for i, prompt in enumerate(workload_prompts):
-            for head in (HEADS if i % 2 == 0 else HEADS[::-1]):
-                result = generate_grpc(servers[head].grpc_url, prompt.text, options)
-                record = RunRecord.from_stats(
-                    workload=prompt.workload, kind=prompt.kind, prompt_id=prompt.prompt_id, method=head,
-                    seconds=result.seconds, output_digest=digest(result.text), stats=result.stats, cpu_seconds=0.0)
-                rows.append(row(workload, i, head, record))
-                bar.update(1)
-    bar.close()
-report(rows, *HEADS, out, workloads)
+    runners = {}
+    for method in methods:
+        head = {"eagle_head": method.name}
+        Runner = triton_runner([method], lambda m, head=head: head, {"eagle": head})
+        runners[method.name] = stack.enter_context(Runner(
+            RunSettings(threads=1), [method], log_path=cache_dir() / f"ab-eagle-head-triton-{method.name}.log"))
+    rows = interleaved(held_out(workloads, n, skip), methods, lambda p, m: runners[m.name].run(p, m, 64))
+report(rows, methods[0].name, methods[1].name, out, workloads)

@@ -231,9 +231,7 @@ def loss_starts(spec: DistillSpec, prompt_lengths: list[int], prefix: int) -> np
 def _worker_main(model_name: str, spec: DistillSpec, shard_dir: Path, worker: int, workers: int) -> None:
     """A spawned worker process: one torch thread, its share of the batches, into shards."""
     from banditspec.engine.models import load_model
-    from banditspec_train.eagle.allocator import keep_freed_memory
 
-    keep_freed_memory()  # as the parent's (``banditspec build eagle``): a spawned process starts afresh
     torch.set_num_threads(1)
     model, tokenizer = load_model(model_name)
     encoded, _, batches = _plan(tokenizer, spec)
