@@ -26,23 +26,24 @@ from banditspec.text import prompt_ids
 from banditspec_train.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs, target_features
 
 
-def chat_prompts(n: int) -> list[str]:
+def chat_prompts(n: int, skip: int = 0) -> list[str]:
+    """First turns of ShareGPT eval-split conversations (20-600 characters), after ``skip`` of them."""
     from banditspec.datasets import sharegpt_split
 
-    out = []
+    out: list[str] = []
     for conversation in sharegpt_split("eval"):
         role, text = conversation[0]
         if role == "human" and 20 <= len(text) <= 600:
             out.append(text)
-        if len(out) == n:
+        if len(out) == skip + n:
             break
-    return out
+    return out[skip:]
 
 
-def code_prompts(n: int) -> list[str]:
+def code_prompts(n: int, skip: int = 0) -> list[str]:
     from banditspec.datasets import humaneval_problems
 
-    problems = humaneval_problems()[:n]
+    problems = humaneval_problems()[skip:skip + n]
     return [f"Complete the following Python function.\n\n```python\n{p['prompt']}```" for p in problems]
 
 
@@ -51,6 +52,8 @@ def main() -> int:
     parser.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
     parser.add_argument("--chat", type=int, default=10)
     parser.add_argument("--code", type=int, default=10)
+    parser.add_argument("--skip", type=int, default=0,
+                        help="leave out the first prompts of each workload (another held-out set)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--check-prompts", type=int, default=2, help="prompts run through the real loop")
@@ -69,8 +72,8 @@ def main() -> int:
     in_vocab = set(drafter.draft_vocab.tolist())
     eos = tokenizer.eos_token_id
     report: dict = {"weights": args.weights.name, "precision": args.precision, "max_new_tokens": args.max_new_tokens,
-                    "workloads": {}}
-    for workload, prompts in (("chat", chat_prompts(args.chat)), ("code", code_prompts(args.code))):
+                    "skip": args.skip, "workloads": {}}
+    for workload, prompts in (("chat", chat_prompts(args.chat, args.skip)), ("code", code_prompts(args.code, args.skip))):
         if not prompts:
             continue
         per_gamma: dict[int, list[int]] = {g: [] for g in args.gammas}

@@ -567,6 +567,69 @@ def test_batched_greedy_drops_ended_answers_and_keeps_the_rest_exact(tiny):
         assert tokens[len(prompt):] == greedy[len(prompt) - 1: -1]
 
 
+def test_reserved_cache_gives_the_dynamic_caches_values(tiny):
+    """Batched decoding over the reserved cache (room for 3 positions: it grows twice, and
+    rows leave the batch) equals transformers' concatenating cache, bit for bit."""
+    from transformers import DynamicCache
+
+    from banditspec_train.eagle.kvcache import reserved_cache
+
+    torch.manual_seed(0)
+    ids = torch.randint(3, 49152, (3, 9))
+    caches = [DynamicCache(config=tiny.config), reserved_cache(tiny.config, capacity=3)]
+    outs = []
+    with torch.inference_mode():
+        for cache in caches:
+            steps = [tiny.model(input_ids=ids[:, :5], cache=cache, use_cache=True).last_hidden_state]
+            for t in range(5, 9):
+                if t == 7:
+                    cache.batch_select_indices(torch.tensor([0, 2]))
+                rows = [0, 1, 2] if t < 7 else [0, 2]
+                steps.append(tiny.model(input_ids=ids[rows, t:t + 1], cache=cache, use_cache=True,
+                                        position_ids=torch.full((len(rows), 1), t)).last_hidden_state)
+            outs.append(steps)
+            assert cache.get_seq_length() == 9
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+def test_bf16_distillation_answers_with_the_bf16_copy_and_features_of_the_target(tiny):
+    """precision "bf16": a bf16 copy of the target writes the answers (its own greedy ones,
+    EOS ends them as in one pass), and one autocast pass of the fp32 target gives features
+    close to its fp32 ones at every position, prompt and answer."""
+    from banditspec_train.eagle.selfdistill import DistillSpec, answer_batch, bf16_copy, greedy_answers
+
+    prompts = [random_ids(n, seed=n + 40) for n in (5, 9, 3)]
+    generator = bf16_copy(tiny)
+    assert next(generator.parameters()).dtype == torch.bfloat16
+    assert next(tiny.parameters()).dtype == torch.float32  # the copy leaves the target alone
+    free = greedy_answers(generator, prompts, 6, eos_id=-1, pad_id=0)
+    eos = free[0][len(prompts[0]) + 2]  # prompt 0's third answer token ends it
+    out = answer_batch(tiny, generator, DistillSpec(max_new_tokens=6, precision="bf16"), prompts, eos, 0)
+    for prompt, (tokens, feats), free_tokens in zip(prompts, out, free):
+        n = len(tokens)
+        assert tokens[: len(prompt)] == prompt and tokens == free_tokens[:n]
+        assert n - len(prompt) == 6 or tokens[-1] == eos
+        expected = target_hidden(tiny, tokens)
+        assert feats.dtype == np.float16 and feats.shape == expected.shape
+        error = np.linalg.norm(feats.astype(np.float32) - expected, axis=-1) / np.linalg.norm(expected, axis=-1)
+        assert error.max() < 0.05, error.max()
+    assert len(out[0][0]) <= len(prompts[0]) + 3
+
+
+def test_fp32_distillation_is_the_one_pass_answer(tiny):
+    from banditspec_train.eagle.selfdistill import DistillSpec, answer_batch, greedy_with_features
+
+    prompts = [random_ids(n, seed=n + 50) for n in (4, 7)]
+    spec = DistillSpec(max_new_tokens=5, precision="fp32")
+    got = answer_batch(tiny, None, spec, prompts, eos_id=-1, pad_id=0)
+    want = greedy_with_features(tiny, prompts, 5, eos_id=-1, pad_id=0)
+    for (tokens, feats), (tokens2, feats2) in zip(got, want):
+        assert tokens == tokens2 and np.array_equal(feats, feats2)
+    with pytest.raises(BanditSpecValidationError, match="precision"):
+        DistillSpec(precision="fp16")
+
+
 def test_code_prompts_come_from_stdlib_docstrings():
     from banditspec_train.eagle.selfdistill import code_prompts
 

@@ -70,14 +70,34 @@ def load_features(folder: Path) -> FeatureSet | None:
     return FeatureSet(**{name: np.load(folder / f"{name}.npy") for name in FILES})
 
 
+def layer_features(output, aux_layers: tuple[int, ...]) -> torch.Tensor:
+    """float32 [B, T, (len(aux_layers) + 1) * H] from a ``model.model`` output: the given decoder
+    layers' outputs, then the post-norm last hidden state. transformers' ``hidden_states[0]`` is
+    the embedding output, ``hidden_states[i + 1]`` the output of decoder layer i (before the
+    final norm)."""
+    last = output.last_hidden_state.float()
+    if not aux_layers:
+        return last
+    states = output.hidden_states
+    return torch.cat([states[a + 1].float() for a in aux_layers] + [last], dim=-1)
+
+
+def to_float16(features: torch.Tensor) -> np.ndarray:
+    """float16 rows; the residual stream's rare large entries (~2.5e4 here) are clamped so none overflows."""
+    return features.clamp(-65000, 65000).to(torch.float16).numpy()
+
+
 @torch.inference_mode()
 def extract_features(model, sequences: list[TrainingSequence], batch_tokens: int = 1024,
                      progress: bool = True, bf16: bool = True,
-                     shard_dir: Path | None = None, shard_tokens: int = 16384) -> FeatureSet:
-    """Run the target over every sequence (right-padded batches of similar length).
+                     shard_dir: Path | None = None, shard_tokens: int = 16384,
+                     aux_layers: tuple[int, ...] = ()) -> FeatureSet:
+    """Run the target over every sequence (right-padded batches of similar length); a row is
+    :func:`layer_features` (the last post-norm state alone without ``aux_layers``).
 
-    ``bf16``: matmuls under CPU bf16 autocast (~2.5x faster here; features differ from fp32
-    by ~1% relative, well inside the training noise; the argmax of the LM head agrees ~99%).
+    ``bf16``: matmuls under CPU bf16 autocast (fp32 residual stream; measured on SmolLM2 with
+    AMX: 3.2x faster than fp32, features 0.8 % off fp32's (relative norm), the LM head's argmax
+    the same at 99.5 % of positions).
     ``shard_dir``: finished batches are saved there every ``shard_tokens`` tokens, and a
     later call with the same sequences resumes from them.
     """
@@ -112,10 +132,10 @@ def extract_features(model, sequences: list[TrainingSequence], batch_tokens: int
             ids[row, : len(seq)] = torch.tensor(seq)
         # right padding never reaches earlier positions through causal attention
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            hidden = model.model(input_ids=ids).last_hidden_state.float()
+            rows = layer_features(model.model(input_ids=ids, output_hidden_states=bool(aux_layers)), aux_layers)
         for row, s in enumerate(batch):
             n = len(sequences[s].token_ids)
-            features[s] = hidden[row, :n].to(torch.float16).numpy()
+            features[s] = to_float16(rows[row, :n])
             bar.update(n)
         unsaved += batch
         start = stop

@@ -32,7 +32,7 @@ from banditspec_train.eagle.dataset import training_data
 from banditspec_train.eagle.features import FeatureSet
 from banditspec_train.eagle.objective import Batch, StepStats, unrolled_loss
 from banditspec_train.eagle.objective3 import unrolled_loss3
-from banditspec_train.eagle.selfdistill import DistillSpec
+from banditspec_train.eagle.selfdistill import PRECISIONS, DistillSpec
 from banditspec_train.eagle.vocab import choose_draft_vocab, draft_vocab_scores
 
 log = logging.getLogger(__name__)
@@ -228,6 +228,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=ds.max_new_tokens)
     parser.add_argument("--distill-batch", type=int, default=ds.batch_size,
                         help="sequences the target answers together (batched greedy decoding)")
+    parser.add_argument("--distill-precision", default=ds.precision, choices=PRECISIONS,
+                        help="fp32: the fp32 target answers and keeps its features, one pass (default); "
+                             "bf16: a bf16 copy writes the answers, features from one bf16-autocast pass "
+                             "(1.9x faster with AMX, but its heads draft worse: bf16 answers are not the fp32 target's)")
     parser.add_argument("--loss-on", default=ds.loss_on, choices=("answers", "text"),
                         help="pairs in the loss: the target's answers only (what a drafter is asked "
                              "for) or the user's prompt too")
@@ -291,7 +295,8 @@ def run(args: argparse.Namespace) -> int:
     aux = default_aux_layers(model.config.num_hidden_layers) if args.format == "eagle3" else ()
     distill_spec = DistillSpec(chat_prompts=args.chat_prompts, code_prompts=args.code_prompts,
                                max_new_tokens=args.max_new_tokens, batch_size=args.distill_batch,
-                               seed=args.seed, aux_layers=aux, loss_on=args.loss_on)
+                               seed=args.seed, aux_layers=aux, loss_on=args.loss_on,
+                               precision=args.distill_precision)
     text_spec = CorpusSpec(chat_tokens=args.text_chat_tokens, code_tokens=args.text_code_tokens,
                            seed=args.seed)
     if aux and text_spec.chat_tokens + text_spec.code_tokens > 0:
