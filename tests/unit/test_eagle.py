@@ -636,3 +636,38 @@ def test_code_prompts_come_from_stdlib_docstrings():
     prompts = code_prompts(5, seed=0)
     assert len(prompts) == 5 and all("def " in p and '"""' in p or "'''" in p for p in prompts)
     assert prompts == code_prompts(5, seed=0)
+
+
+def test_batch_queue_hands_out_each_batch_once_longest_first():
+    import multiprocessing
+
+    from banditspec_train.eagle.selfdistill import BatchQueue
+
+    queue = BatchQueue(4, multiprocessing.get_context("spawn"))
+    claimed = [queue.claim() for _ in range(6)]
+    assert claimed == [3, 2, 1, 0, None, None]  # batches are sorted by prompt length: longest first
+    assert queue.finished == 0
+    queue.finish()
+    assert queue.finished == 1
+
+
+def test_two_distillation_workers_give_the_one_process_data(tmp_path):
+    """Two processes claiming batches from one queue write every batch once, into shards, and
+    the set equals what one process makes; a second call resumes from the shards alone."""
+    from banditspec.engine.models import load_model
+    from banditspec_train.eagle.selfdistill import DistillSpec, distill
+
+    model, tokenizer = load_model("tiny")
+    spec = DistillSpec(chat_prompts=5, code_prompts=2, max_new_tokens=3, batch_size=2, aux_layers=(0,))
+    two = distill(model, tokenizer, spec, tmp_path / "two", progress=False, workers=2, model_name="tiny")
+    assert len(list((tmp_path / "two").glob("batch-*.npz"))) == 4  # 7 prompts in batches of 2
+    one = distill(model, tokenizer, spec, tmp_path / "one", progress=False, workers=1)
+    for name in ("tokens", "features", "offsets", "loss_from", "kinds"):
+        assert np.array_equal(getattr(two, name), getattr(one, name)), name
+
+    class NoTarget:  # every batch is in a shard: the target must not run again
+        def __getattr__(self, name):
+            raise AssertionError("the target ran again")
+
+    again = distill(NoTarget(), tokenizer, spec, tmp_path / "two", progress=False, workers=1)
+    assert np.array_equal(again.features, two.features)

@@ -427,3 +427,20 @@ def test_shipped_head_drafts_accepted_tokens_on_smollm2():
     spec = greedy_speculative(model, drafter, ids, 4, 40, tokenizer.eos_token_id)
     assert spec.output_ids == plain.output_ids
     assert spec.mean_accepted_tokens > 1.5  # a random head gets ~1.0
+
+
+def test_build_puts_big_buffers_on_huge_pages_when_asked_first():
+    import subprocess
+    import sys
+
+    code = ("import logging, torch; logging.basicConfig(); {first}"
+            "from banditspec_train.eagle.allocator import use_huge_pages as u; print(u())")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    first = subprocess.run([sys.executable, "-c", code.format(first="")], capture_output=True, text=True,
+                           check=True, env=env)
+    assert first.stdout.strip() == "True"
+    # PyTorch decides at its first buffer of >= 2 MB: asked too late, it says so
+    late = subprocess.run([sys.executable, "-c", code.format(first="x = torch.ones(1 << 22); ")],
+                          capture_output=True, text=True, check=True, env=env)
+    assert late.stdout.strip() == "False" and "huge pages not in effect" in late.stderr
+

@@ -27,18 +27,23 @@ _lock = threading.Lock()
 _applied: bool | None = None
 
 
+def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
+    """glibc ``mallopt``: blocks above ``mmap_threshold`` get their own mapping; the heap keeps
+    up to ``trim_threshold`` of free memory. True when glibc accepted both (False elsewhere)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))
+
+
 def keep_freed_memory() -> bool:
-    """Apply the thresholds once per process; True when glibc accepted them."""
+    """Apply the engine's thresholds once per process; True when glibc accepted them."""
     global _applied
     with _lock:
         if _applied is None:
-            _applied = False
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                mallopt = libc.mallopt
-            except (OSError, AttributeError):
-                return False
-            mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-            mallopt.restype = ctypes.c_int
-            _applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+            _applied = set_malloc_thresholds(MMAP_THRESHOLD, TRIM_THRESHOLD)
         return _applied

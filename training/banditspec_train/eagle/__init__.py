@@ -10,7 +10,7 @@
 * :mod:`.evaluate`    acceptance and step-cost measurements
 * :mod:`.export`      an EAGLE-3 head as an upstream-style checkpoint
 * :mod:`.plots`       the loss curve
-* :mod:`.allocator`   glibc malloc keeps freed memory (a build's big tensors are not page-faulted anew)
+* :mod:`.allocator`   glibc malloc keeps freed memory; PyTorch's big buffers on huge pages
 
 The heads themselves (what serving runs) are :mod:`banditspec.eagle`.
 """

@@ -235,32 +235,56 @@ def _plan(tokenizer, spec: DistillSpec) -> tuple[list[list[int]], list[str], lis
     return encoded, kinds, batches
 
 
-def _answer_batches(model, tokenizer, spec: DistillSpec, encoded: list[list[int]], batches: list[list[int]],
-                    shard_dir: Path | None, worker: int, workers: int,
-                    progress: bool) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Answer batches ``number % workers == worker`` (skipping finished shards); their results."""
-    from tqdm import tqdm
+class BatchQueue:
+    """Batch numbers handed to whichever worker asks first, each exactly once, the longest
+    prompts first (batches are sorted by prompt length): the workers finish together instead
+    of one waiting for the other's last, longest batches. Counters shared between processes."""
 
+    def __init__(self, count: int, context) -> None:
+        self.count = count
+        self._next = context.Value("i", 0)
+        self._finished = context.Value("i", 0)
+
+    def claim(self) -> int | None:
+        with self._next.get_lock():
+            k = self._next.value
+            self._next.value = k + 1
+        return None if k >= self.count else self.count - 1 - k
+
+    def finish(self) -> None:
+        with self._finished.get_lock():
+            self._finished.value += 1
+
+    @property
+    def finished(self) -> int:
+        return int(self._finished.value)
+
+
+def _answer_batches(model, tokenizer, spec: DistillSpec, encoded: list[list[int]], batches: list[list[int]],
+                    shard_dir: Path | None, queue: BatchQueue, bar=None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Answer the batches this process claims from ``queue`` (skipping finished shards); their
+    results. ``bar`` (tqdm): shows every worker's finished batches."""
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     results: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    mine = [(n, b) for n, b in enumerate(batches) if n % workers == worker]
     generator = bf16_copy(model) if spec.precision == "bf16" else None
-    for number, batch in tqdm(mine, desc=f"self-distillation ({workers} workers)" if workers > 1
-                              else "self-distillation", unit="batch", disable=not progress):
+    while (number := queue.claim()) is not None:
+        batch = batches[number]
         shard = shard_dir / f"batch-{number:05d}.npz" if shard_dir is not None else None
-        if shard is not None and shard.exists():
-            continue
-        outputs = answer_batch(model, generator, spec, [encoded[i] for i in batch], eos, pad)
-        for i, (tokens, feats) in zip(batch, outputs):
-            results[i] = (np.asarray(tokens, dtype=np.int32), feats)
-        if shard is not None:
-            lengths = [len(results[i][0]) for i in batch]
-            tmp = shard.with_name(shard.stem + ".tmp.npz")
-            np.savez(tmp, index=np.asarray(batch), offsets=np.concatenate([[0], np.cumsum(lengths)]),
-                     tokens=np.concatenate([results[i][0] for i in batch]),
-                     features=np.concatenate([results[i][1] for i in batch]))
-            tmp.rename(shard)
+        if shard is None or not shard.exists():
+            outputs = answer_batch(model, generator, spec, [encoded[i] for i in batch], eos, pad)
+            for i, (tokens, feats) in zip(batch, outputs):
+                results[i] = (np.asarray(tokens, dtype=np.int32), feats)
+            if shard is not None:
+                lengths = [len(results[i][0]) for i in batch]
+                tmp = shard.with_name(shard.stem + ".tmp.npz")
+                np.savez(tmp, index=np.asarray(batch), offsets=np.concatenate([[0], np.cumsum(lengths)]),
+                         tokens=np.concatenate([results[i][0] for i in batch]),
+                         features=np.concatenate([results[i][1] for i in batch]))
+                tmp.rename(shard)
+        queue.finish()
+        if bar is not None:
+            bar.update(queue.finished - bar.n)
     return results
 
 
@@ -273,14 +297,14 @@ def loss_starts(spec: DistillSpec, prompt_lengths: list[int], prefix: int) -> np
     return np.asarray([max(0, n - 1) for n in prompt_lengths], dtype=np.int32)
 
 
-def _worker_main(model_name: str, spec: DistillSpec, shard_dir: Path, worker: int, workers: int) -> None:
-    """A spawned worker process: one torch thread, its share of the batches, into shards."""
+def _worker_main(model_name: str, spec: DistillSpec, shard_dir: Path, queue: BatchQueue) -> None:
+    """A spawned worker process: one torch thread, the batches it claims, into shards."""
     from banditspec.engine.models import load_model
 
     torch.set_num_threads(1)
     model, tokenizer = load_model(model_name)
     encoded, _, batches = _plan(tokenizer, spec)
-    _answer_batches(model, tokenizer, spec, encoded, batches, shard_dir, worker, workers, progress=False)
+    _answer_batches(model, tokenizer, spec, encoded, batches, shard_dir, queue)
 
 
 def distill(model, tokenizer, spec: DistillSpec, shard_dir: Path | None = None,
@@ -288,10 +312,13 @@ def distill(model, tokenizer, spec: DistillSpec, shard_dir: Path | None = None,
     """Self-distillation FeatureSet; each finished batch is a shard a later call resumes from.
 
     ``workers`` > 1 (with ``shard_dir`` and ``model_name``): that many processes of one torch
-    thread each answer the batches in turn (this one included). On a small CPU shared with
-    other work, single-thread processes keep going where a multi-thread one stalls at every
-    parallel region waiting for a descheduled thread (measured here: 0.55 s vs 4.6 s a step)."""
+    thread each (this one included) answer the batches, each claiming the next one when free
+    (:class:`BatchQueue`). On a small CPU shared with other work, single-thread processes keep
+    going where a multi-thread one stalls at every parallel region waiting for a descheduled
+    thread (measured here: 0.55 s vs 4.6 s a step)."""
     import multiprocessing
+
+    from tqdm import tqdm
 
     encoded, kinds, batches = _plan(tokenizer, spec)
     prefix = system_prefix_len(tokenizer)
@@ -299,22 +326,27 @@ def distill(model, tokenizer, spec: DistillSpec, shard_dir: Path | None = None,
         shard_dir.mkdir(parents=True, exist_ok=True)
     workers = max(1, int(workers)) if shard_dir is not None and model_name else 1
     children = []
+    context = multiprocessing.get_context("spawn")
+    queue = BatchQueue(len(batches), context)
     if workers > 1:
-        context = multiprocessing.get_context("spawn")
         assert shard_dir is not None and model_name is not None
-        children = [context.Process(target=_worker_main, args=(model_name, spec, shard_dir, w, workers))
-                    for w in range(1, workers)]
+        children = [context.Process(target=_worker_main, args=(model_name, spec, shard_dir, queue))
+                    for _ in range(1, workers)]
         for child in children:
             child.start()
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
+    bar = tqdm(total=len(batches), desc="self-distillation", unit="batch", disable=not progress)
     try:
-        results = _answer_batches(model, tokenizer, spec, encoded, batches, shard_dir, 0, workers, progress)
+        results = _answer_batches(model, tokenizer, spec, encoded, batches, shard_dir, queue, bar)
         for child in children:
-            child.join()
+            while child.is_alive():  # the others' last batches
+                child.join(timeout=2.0)
+                bar.update(queue.finished - bar.n)
             if child.exitcode != 0:
                 raise RuntimeError(f"self-distillation worker failed (exit code {child.exitcode})")
     finally:
+        bar.close()
         for child in children:
             if child.is_alive():
                 child.terminate()

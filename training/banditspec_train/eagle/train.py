@@ -26,7 +26,7 @@ from banditspec.eagle.head import EagleConfig, EagleHead, save_head
 from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, default_aux_layers, save_head3
 from banditspec.errors import BanditSpecValidationError
 from banditspec.paths import REPO_ROOT
-from banditspec_train.eagle.allocator import keep_freed_memory
+from banditspec_train.eagle.allocator import keep_freed_memory, use_huge_pages
 from banditspec_train.eagle.corpus import CorpusSpec, token_frequencies
 from banditspec_train.eagle.dataset import training_data
 from banditspec_train.eagle.features import FeatureSet
@@ -287,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
     from banditspec_train.eagle.plots import plot_losses
 
     keep_freed_memory()
+    use_huge_pages()  # before the first large tensor (the model's weights)
     torch.set_num_threads(max(1, args.threads))
     began = time.time()
     progress = not args.no_progress
