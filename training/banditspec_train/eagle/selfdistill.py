@@ -352,9 +352,9 @@ def distill(model, tokenizer, spec: DistillSpec, shard_dir: Path | None = None,
                 child.terminate()
         if workers > 1:
             torch.set_num_threads(threads)
-    for number in range(len(batches)):
+    for number in range(len(batches)):  # the batches other workers (or an earlier call) answered
         shard = shard_dir / f"batch-{number:05d}.npz" if shard_dir is not None else None
-        if shard is None or not shard.exists():
+        if shard is None or not shard.exists() or batches[number][0] in results:
             continue
         with np.load(shard) as data:
             rows = np.split(np.arange(len(data["tokens"])), data["offsets"][1:-1])
