@@ -444,3 +444,55 @@ def test_build_puts_big_buffers_on_huge_pages_when_asked_first():
                           capture_output=True, text=True, check=True, env=env)
     assert late.stdout.strip() == "False" and "huge pages not in effect" in late.stderr
 
+
+
+# --- fixed text beside the self-distilled answers ------------------------------------------
+def _feature_set(lengths: list[int], kind: str, start: int = 0, width: int = 4) -> FeatureSet:
+    n = sum(lengths)
+    tokens = np.arange(start, start + n, dtype=np.int32)  # distinct per sequence: membership is checkable
+    return FeatureSet(tokens=tokens, features=np.tile(tokens[:, None], (1, width)).astype(np.float16),
+                      offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                      loss_from=np.ones(len(lengths), dtype=np.int32), kinds=np.asarray([kind] * len(lengths)))
+
+
+def _first_tokens(fs: FeatureSet) -> set[int]:
+    return {int(fs.sequence(s)[0][0]) for s in range(len(fs))}
+
+
+def test_validation_is_drawn_from_the_answers_and_fixed_text_only_trains():
+    from banditspec_train.eagle.train import split_validation
+
+    answers = _feature_set([5, 7, 6, 9, 4, 8, 5, 6, 7, 5], "chat")
+    text = _feature_set([12, 10, 11], "chat", start=1000)
+    alone_val, alone_train = split_validation(answers, None, 0.2, seed=3)
+    val, train = split_validation(answers, text, 0.2, seed=3)
+    # the answers split exactly as without fixed text (the split the shipped heads were measured on)
+    assert np.array_equal(val.tokens, alone_val.tokens) and len(val) == 2
+    assert _first_tokens(train) == _first_tokens(alone_train) | _first_tokens(text)
+    assert not _first_tokens(val) & _first_tokens(train)
+    first = np.concatenate([alone_train.tokens, text.tokens])
+    assert np.array_equal(train.tokens, first) and np.array_equal(train.features[:, 0], first.astype(np.float16))
+    # fixed text alone (an EAGLE-1 text build): its own sequences are held out
+    text_val, text_train = split_validation(None, text, 0.34, seed=0)
+    assert len(text_val) == 1 and len(text_train) == 2
+
+
+def test_fixed_text_carries_the_heads_layers(target, tmp_path, monkeypatch):
+    """``banditspec build eagle --text-chat-tokens N`` for an EAGLE-3 head: the text's rows are
+    [the captured layers ; last post-norm state], as the self-distilled answers' are."""
+    from banditspec_train.eagle import dataset
+    from banditspec_train.eagle.corpus import CorpusSpec, TrainingSequence
+    from banditspec_train.eagle.selfdistill import DistillSpec
+
+    sequences = [TrainingSequence(random_ids(n, seed=n), loss_from=1, kind="chat") for n in (9, 14)]
+    monkeypatch.setenv("BANDITSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(dataset, "build_corpus", lambda tokenizer, spec: sequences)
+    distilled, text = dataset.training_parts(target, None, "tiny", DistillSpec(chat_prompts=0, code_prompts=0),
+                                             CorpusSpec(chat_tokens=20, aux_layers=LAYERS), progress=False)
+    assert distilled is None and text is not None and len(text) == 2
+    hidden = target.config.hidden_size
+    assert text.features.shape == (23, (len(LAYERS) + 1) * hidden)
+    got, want = text.sequence(1)[1][:, :-hidden].astype(np.float32), layer_outputs(target, sequences[1].token_ids)
+    assert np.linalg.norm(got - want) < 0.03 * np.linalg.norm(want)  # one bf16-autocast pass
+    with pytest.raises(BanditSpecValidationError, match="aux_layers"):
+        CorpusSpec(aux_layers=(-1,))

@@ -29,11 +29,14 @@ class CorpusSpec:
     max_len: int = 512
     min_len: int = 48
     seed: int = 0
+    aux_layers: tuple[int, ...] = ()  # decoder layers whose outputs are kept too (EAGLE-3), as DistillSpec
 
     def __post_init__(self) -> None:
         for name in ("chat_tokens", "code_tokens"):
             if getattr(self, name) < 0:
                 raise BanditSpecValidationError(name, "must be >= 0")
+        if any(int(a) < 0 for a in self.aux_layers):
+            raise BanditSpecValidationError("aux_layers", f"layer indices must be >= 0, got {self.aux_layers}")
         if self.min_len < 2 or self.max_len < self.min_len:
             raise BanditSpecValidationError("max_len", "need 2 <= min_len <= max_len")
 

@@ -49,19 +49,31 @@ def _cached(name: str, spec, model_name: str, build) -> FeatureSet:
     return fs
 
 
-def training_data(model, tokenizer, model_name: str, distill_spec: DistillSpec,
-                  text_spec: CorpusSpec, progress: bool = True, workers: int = 1) -> FeatureSet:
-    """``workers``: self-distillation processes (one torch thread each), see :func:`.selfdistill.distill`."""
-    parts = []
+def training_parts(model, tokenizer, model_name: str, distill_spec: DistillSpec,
+                   text_spec: CorpusSpec, progress: bool = True,
+                   workers: int = 1) -> tuple[FeatureSet | None, FeatureSet | None]:
+    """(self-distilled answers, fixed text), each None when not requested. ``workers``:
+    self-distillation processes (one torch thread each), see :func:`.selfdistill.distill`.
+    Fixed text gets the layers of ``text_spec.aux_layers`` too, from one bf16-autocast pass
+    (the features' precision did not change what a head learns; engine_build/eagle/README.md)."""
+    distilled = text = None
     if distill_spec.chat_prompts + distill_spec.code_prompts > 0:
-        parts.append(_cached("distill", distill_spec, model_name,
-                             lambda shards: distill(model, tokenizer, distill_spec, shards, progress,
-                                                    workers=workers, model_name=model_name)))
+        distilled = _cached("distill", distill_spec, model_name,
+                            lambda shards: distill(model, tokenizer, distill_spec, shards, progress,
+                                                   workers=workers, model_name=model_name))
     if text_spec.chat_tokens + text_spec.code_tokens > 0:
-        parts.append(_cached("text", text_spec, model_name, lambda shards: extract_features(
-            model, build_corpus(tokenizer, text_spec), progress=progress, shard_dir=shards)))
-    if not parts:
+        text = _cached("text", text_spec, model_name, lambda shards: extract_features(
+            model, build_corpus(tokenizer, text_spec), progress=progress, shard_dir=shards,
+            aux_layers=text_spec.aux_layers))
+    if distilled is None and text is None:
         from banditspec.errors import BanditSpecValidationError
 
         raise BanditSpecValidationError("chat_prompts", "no training data requested")
-    return concat(parts)
+    return distilled, text
+
+
+def training_data(model, tokenizer, model_name: str, distill_spec: DistillSpec,
+                  text_spec: CorpusSpec, progress: bool = True, workers: int = 1) -> FeatureSet:
+    """Both parts of :func:`training_parts` in one set."""
+    return concat([p for p in training_parts(model, tokenizer, model_name, distill_spec, text_spec,
+                                             progress, workers) if p is not None])

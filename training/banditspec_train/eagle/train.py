@@ -28,7 +28,7 @@ from banditspec.errors import BanditSpecValidationError
 from banditspec.paths import REPO_ROOT
 from banditspec_train.eagle.allocator import keep_freed_memory, use_huge_pages
 from banditspec_train.eagle.corpus import CorpusSpec, token_frequencies
-from banditspec_train.eagle.dataset import training_data
+from banditspec_train.eagle.dataset import concat, training_parts
 from banditspec_train.eagle.features import FeatureSet
 from banditspec_train.eagle.objective import Batch, StepStats, unrolled_loss
 from banditspec_train.eagle.objective3 import unrolled_loss3
@@ -117,6 +117,22 @@ def collate(fs: FeatureSet, indices: list[int]) -> Batch:
     return Batch(tokens, features, counted)
 
 
+def split_validation(distilled: FeatureSet | None, text: FeatureSet | None, fraction: float,
+                     seed: int) -> tuple[FeatureSet, FeatureSet]:
+    """(validation, training) sets. Validation sequences are drawn (seeded) from the
+    self-distilled answers alone, the text drafting will meet in serving (from the fixed text
+    only when there are no answers); the fixed text trains. Without fixed text this is the split
+    every shipped head was measured on."""
+    held = distilled if distilled is not None else text
+    assert held is not None
+    order = np.random.default_rng(seed).permutation(len(held))
+    n_val = int(round(len(held) * fraction))
+    val_set, train_part = held.subset(sorted(order[:n_val])), held.subset(sorted(order[n_val:]))
+    if held is distilled and text is not None:
+        return val_set, concat([train_part, text])
+    return val_set, train_part
+
+
 LossFn = Callable[[Batch, bool], StepStats]  # (batch, training: noise on) -> stats
 
 
@@ -151,7 +167,10 @@ def train_head(head: EagleHead | Eagle3Head, loss_fn: LossFn, train_set: Feature
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # decay matrices only: norms' gains stay free (an optimizer step is per tensor, so with no
+    # decay the two groups train exactly as one)
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+                                   {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=cfg.lr)
     epochs = [make_batches(train_set, cfg.batch_tokens, rng) for _ in range(cfg.epochs)]
     total_steps = sum(len(e) for e in epochs)
 
@@ -247,6 +266,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=d.epochs)
     parser.add_argument("--batch-tokens", type=int, default=d.batch_tokens)
     parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW's (decoupled)")
     parser.add_argument("--unroll-steps", type=int, default=d.unroll_steps)
     parser.add_argument("--label-temperature", type=float, default=d.label_temperature,
                         help="eagle3: temperature of the target's distribution the head learns "
@@ -299,25 +319,22 @@ def run(args: argparse.Namespace) -> int:
                                seed=args.seed, aux_layers=aux, loss_on=args.loss_on,
                                precision=args.distill_precision)
     text_spec = CorpusSpec(chat_tokens=args.text_chat_tokens, code_tokens=args.text_code_tokens,
-                           seed=args.seed)
-    if aux and text_spec.chat_tokens + text_spec.code_tokens > 0:
-        raise BanditSpecValidationError("text_chat_tokens", "fixed training text has last-layer features only: "
-                                        "use it with --format eagle1")
+                           seed=args.seed, aux_layers=aux)
     bf16 = native_bf16() if args.bf16 is None else bool(args.bf16)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
-                      unroll_steps=args.unroll_steps, noise=args.noise,
+                      weight_decay=args.weight_decay, unroll_steps=args.unroll_steps, noise=args.noise,
                       cls_weight=args.cls_weight, label_temperature=args.label_temperature,
                       seed=args.seed, bf16=bf16)
-    fs = training_data(model, tokenizer, args.model, distill_spec, text_spec, progress,
-                       workers=args.distill_workers)
+    distilled, text = training_parts(model, tokenizer, args.model, distill_spec, text_spec, progress,
+                                     workers=args.distill_workers)
     data_seconds = time.time() - began
 
     embedding = model.get_input_embeddings().weight.detach().float()
-    order = np.random.default_rng(args.seed).permutation(len(fs))
-    n_val = int(round(len(fs) * args.val_fraction))
-    val_set, train_set = fs.subset(sorted(order[:n_val])), fs.subset(sorted(order[n_val:]))
-    kinds = {k: int(np.sum(fs.kinds == k)) for k in sorted(set(fs.kinds.tolist()))}
-    del fs  # the subsets are copies: ~2.7 GB less held through training
+    val_set, train_set = split_validation(distilled, text, args.val_fraction, args.seed)
+    text_sequences = len(text) if text is not None else 0
+    del distilled, text  # the split holds copies: ~2.7 GB less through training
+    kinds = {k: int(np.sum(np.concatenate([train_set.kinds, val_set.kinds]) == k))
+             for k in sorted(set(train_set.kinds.tolist()) | set(val_set.kinds.tolist()))}
 
     head = _new_head(args, model, tokenizer, train_set, embedding)
     lm_rows = model.lm_head.weight.detach().float()[head.draft_vocab].contiguous()
@@ -339,6 +356,7 @@ def run(args: argparse.Namespace) -> int:
         "data": {"train_sequences": len(train_set), "train_pairs": counted(train_set),
                  "val_sequences": len(val_set), "val_pairs": counted(val_set),
                  "kinds": kinds,
+                 "fixed_text_sequences": text_sequences,
                  "draft_vocab_sample": args.vocab_sample},
         "metrics": {"val_loss_per_step": result.val_loss, "val_top1_per_step": result.val_top1,
                     "final_train_loss": round(float(np.mean(result.losses[-20:])), 4),
