@@ -333,8 +333,8 @@ def run(args: argparse.Namespace) -> int:
     val_set, train_set = split_validation(distilled, text, args.val_fraction, args.seed)
     text_sequences = len(text) if text is not None else 0
     del distilled, text  # the split holds copies: ~2.7 GB less through training
-    kinds = {k: int(np.sum(np.concatenate([train_set.kinds, val_set.kinds]) == k))
-             for k in sorted(set(train_set.kinds.tolist()) | set(val_set.kinds.tolist()))}
+    names, counts = np.unique(np.concatenate([train_set.kinds, val_set.kinds]), return_counts=True)
+    kinds = {str(k): int(n) for k, n in zip(names, counts)}  # sorted by kind, as before
 
     head = _new_head(args, model, tokenizer, train_set, embedding)
     lm_rows = model.lm_head.weight.detach().float()[head.draft_vocab].contiguous()
