@@ -452,9 +452,9 @@ def test_tiny_training_reduces_loss(tiny):
     train_set = tiny_feature_set(tiny, 16, 24, seed=7)
     cfg = TrainConfig(epochs=6, batch_tokens=96, lr=3e-3, warmup=3, unroll_steps=2, noise=0.05)
     loss_fn = loss_function(head, embedding, None, cfg)
-    before, _ = evaluate_head(loss_fn, train_set, cfg)
+    before, _, _ = evaluate_head(loss_fn, train_set, cfg)
     result = train_head(head, loss_fn, train_set, None, cfg, progress=False)
-    after, _ = evaluate_head(loss_fn, train_set, cfg)
+    after, _, _ = evaluate_head(loss_fn, train_set, cfg)
     assert len(result.losses) >= 20
     assert after[0] < 0.8 * before[0] and after[1] < 0.8 * before[1]
     assert np.mean(result.losses[-5:]) < np.mean(result.losses[:5])

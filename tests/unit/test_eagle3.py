@@ -20,7 +20,7 @@ from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.reference import ReferenceEngine
 from banditspec.engine.tensor_codec import decode_request, encode_request
 from banditspec.errors import BanditSpecValidationError
-from banditspec_train.eagle.evaluate import greedy_speculative
+from banditspec_train.eagle.evaluate import greedy_speculative, simulate_acceptance, target_features
 from banditspec_train.eagle.export import export_upstream
 from banditspec_train.eagle.features import FeatureSet
 from banditspec_train.eagle.objective import Batch, weighted_steps
@@ -279,9 +279,9 @@ def test_tiny_training_reduces_loss_on_every_step(target):
     train_set = feature_set(target, 16, 24, seed=7)
     cfg = TrainConfig(epochs=6, batch_tokens=96, lr=3e-3, warmup=3, unroll_steps=2, label_temperature=1.0)
     loss_fn = loss_function(head, embedding, lm_rows, cfg)
-    before, top1_before = evaluate_head(loss_fn, train_set, cfg)
+    before, top1_before, _ = evaluate_head(loss_fn, train_set, cfg)
     result = train_head(head, loss_fn, train_set, None, cfg, progress=False)
-    after, top1_after = evaluate_head(loss_fn, train_set, cfg)
+    after, top1_after, _ = evaluate_head(loss_fn, train_set, cfg)
     assert result.steps == len(result.losses) >= 20
     # the soft-label cross-entropy has the (random) teacher's entropy as its floor, ~5.5 nats
     # here: it fell 0.42 / 0.40 nats and top-1 agreement rose from 0 to 0.14 / 0.13 when written
@@ -325,6 +325,101 @@ def test_loss_on_counted_pairs_only_equals_the_full_grid_loss(target):
     assert fast.per_step_top1 == pytest.approx(full.per_step_top1)
     for a, p in zip(fast_grads, head.parameters()):
         torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def small_vocab_batch(target, head: Eagle3Head, n_seqs: int, length: int, seed: int) -> Batch:
+    """Sequences drawn from the head's draft ids alone (a vocabulary of three), so that
+    chained drafts hit often, with the target's features (rows as feature_set's)."""
+    rng = np.random.default_rng(seed)
+    pool = head.draft_vocab.numpy()
+    seqs = [pool[rng.integers(0, len(pool), size=length)] for _ in range(n_seqs)]
+    rows = []
+    for ids in seqs:
+        with torch.inference_mode():
+            out = target.model(input_ids=torch.tensor([ids.tolist()]), output_hidden_states=True)
+        rows.append(torch.cat([out.hidden_states[a + 1][0] for a in LAYERS] + [out.last_hidden_state[0]], -1))
+    batch = Batch(torch.tensor(np.stack(seqs), dtype=torch.int64), torch.stack(rows).float(),
+                  torch.ones(n_seqs, length - 1, dtype=torch.bool))
+    batch.counted[0, :4] = False  # a prompt
+    batch.counted[1, 11:] = False  # padding
+    return batch
+
+
+def chained_accepts(head: Eagle3Head, embedding: torch.Tensor, batch: Batch, steps: int) -> list[int]:
+    """Draft tokens accepted from each counted pair, by drafting the chain with head.step."""
+    hidden = head.config.hidden_size
+    accepted = []
+    with torch.no_grad():
+        for row in range(batch.tokens.shape[0]):
+            tokens = batch.tokens[row]
+            emb = embedding[tokens[1:]][None]  # pair i: E[x_{i+1}]
+            aux = batch.features[row, :-1, :-hidden][None]
+            for origin in torch.nonzero(batch.counted[row]).flatten().tolist():
+                state, k, v = head.step(emb[:, : origin + 1], head.project(aux[:, : origin + 1]), *head.empty_cache())
+                state, count = state[:, -1:], 0
+                for step in range(1, steps + 1):
+                    pair = origin + step - 1  # this draft's pair; it predicts x_{pair + 2}
+                    if pair + 2 >= len(tokens) or not batch.counted[row, pair]:
+                        break
+                    drafted = int(head.draft_vocab[head.logits(state[:, -1]).argmax(-1)])
+                    if drafted != int(tokens[pair + 2]):
+                        break
+                    count += 1
+                    state, k, v = head.step(emb[:, pair + 1: pair + 2], state, k, v)
+                accepted.append(count)
+    return accepted
+
+
+def test_replay_and_reach_weighting_follow_chain_drafting(target):
+    """The objective's replay counts the steps and accepted tokens of the real speculative loop
+    replayed by the drafter (evaluate.simulate_acceptance, what bench_eagle runs), and reach
+    weighting keeps step s's loss only on the pairs whose chain reaches step s."""
+    head = make_head(target, draft_vocab=3, seed=3)
+    head.draft_vocab = torch.tensor([7, 40, 300])
+    embedding = target.get_input_embeddings().weight.detach()
+    lm_rows = target.lm_head.weight.detach()[head.draft_vocab]
+    batch = small_vocab_batch(target, head, 3, 16, seed=4)
+    steps = 3
+    with torch.no_grad():
+        plain = unrolled_loss3(head, embedding, lm_rows, batch, steps, step_decay=1.0)
+        weighted = unrolled_loss3(head, embedding, lm_rows, batch, steps, step_decay=1.0, reach=True)
+    accepts = chained_accepts(head, embedding, batch, steps)
+    assert sum(a >= 2 for a in accepts) >= 3  # chains do reach the later steps
+    drafter = EagleDrafter(head, embedding)
+    loop_steps = loop_tokens = 0
+    for row in range(batch.tokens.shape[0]):
+        pairs = torch.nonzero(batch.counted[row]).flatten()
+        ids = batch.tokens[row, : int(pairs[-1]) + 2].tolist()  # pair i reads x_{i+1}, predicts x_{i+2}
+        prompt, answer = ids[: int(pairs[0]) + 1], ids[int(pairs[0]) + 1:]
+        loop = simulate_acceptance(drafter, prompt, answer, target_features(target, ids, drafter), steps)
+        loop_steps, loop_tokens = loop_steps + len(loop.accepted), loop_tokens + sum(loop.accepted)
+    assert loop_tokens >= 5
+    assert plain.replay == (loop_steps, loop_tokens)
+    assert weighted.replay == plain.replay
+    assert weighted.per_step_top1 == plain.per_step_top1  # agreement is still over every pair
+
+    hidden = head.config.hidden_size
+    teacher = (batch.features[:, 1:, -hidden:] @ lm_rows.T).softmax(-1)
+    with torch.no_grad():
+        states = unrolled_states(head, embedding[batch.tokens[:, 1:]], batch.features[:, :-1, :-hidden], steps)
+    counted_pairs = torch.nonzero(batch.counted).tolist()
+    for step in range(1, steps + 1):  # by hand: origin o's chain reaches step s at pair o + s - 1
+        mask = batch.counted.clone()
+        mask[:, : step - 1] = False
+        reach = torch.zeros_like(mask)
+        for (row, origin), a in zip(counted_pairs, accepts):
+            if a >= step - 1 and origin + step - 1 < mask.shape[1]:
+                reach[row, origin + step - 1] = True
+        with torch.no_grad():
+            pair_loss = -(teacher * head.logits(states[step - 1]).float().log_softmax(-1)).sum(-1)
+        expected = float((pair_loss * (reach & mask)).sum()) / int(mask.sum())
+        assert weighted.per_step_loss[step - 1] == pytest.approx(expected, rel=1e-5)
+        if step == 1:
+            assert weighted.per_step_loss[0] == pytest.approx(plain.per_step_loss[0], rel=1e-6)
+        else:
+            assert weighted.per_step_loss[step - 1] < plain.per_step_loss[step - 1]
+    with pytest.raises(BanditSpecValidationError, match="step_decay"):
+        TrainConfig(step_decay=0.0)
 
 
 def test_soft_cross_entropy_matches_autograd_of_the_textbook_form():

@@ -37,6 +37,7 @@ class StepStats:
     loss: torch.Tensor  # scalar, weighted over steps, with grad
     per_step_loss: list[float]
     per_step_top1: list[float]  # head argmax == target argmax (within the draft vocab); [] if not measured
+    replay: tuple[int, int] | None = None  # EAGLE-3: (draft steps, accepted tokens) of the loop replayed (objective3)
 
 
 def unrolled_mask(n: int, step: int) -> torch.Tensor:

@@ -11,6 +11,12 @@ vocabulary (softmax of the target's logits at position i+1 restricted to the dra
 from the stored post-norm feature) and the head's, averaged over counted pairs; EAGLE-3
 drops EAGLE-1's feature regression. Step s weighs ``step_decay ** (s - 1)``.
 
+Reach weighting (``reach=True``): a chained draft's s-th token is verified only when its
+s - 1 earlier tokens were accepted, so step s's loss counts only the pairs whose chain reaches
+it (each earlier step's argmax equals the text's next token, which on the answers is the
+target's greedy choice), still divided by all the step's pairs: the steps then weigh as often
+as serving reaches them (GRIFFIN's loss masking, Hu et al. 2025, for a chain of top-1 drafts).
+
 Feature rows (:mod:`.selfdistill` with ``aux_layers``): ``[a_i (k * H) ; f_i (H)]``, f_i the
 post-norm last hidden state (LM-head input).
 """
@@ -80,12 +86,16 @@ def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tenso
 
 def unrolled_loss3(head: Eagle3Head, embedding: torch.Tensor, lm_rows: torch.Tensor, batch: Batch,
                    steps: int, step_decay: float = 0.8, label_temperature: float = 1.0,
-                   top1: bool = True) -> StepStats:
+                   top1: bool = True, reach: bool = False) -> StepStats:
     """embedding: float32 [V, H] (the target's frozen embedding); lm_rows: float32 [K, H], the
     target's LM-head rows of the draft vocabulary (teacher logits). batch.features: [B, T, (k+1) H].
     ``label_temperature``: of the teacher's distribution (1: the target's own; < 1 sharper; 0 its
     argmax alone). ``top1=False`` skips the agreement (an argmax over [m, K] per step; training
-    does not need it) and reports ``per_step_top1`` empty.
+    does not need it) and reports ``per_step_top1`` empty. ``reach``: reach weighting (above).
+    With ``top1``, ``replay`` is the speculative loop replayed over each sequence's counted
+    pairs: drafting ``steps`` tokens from the first, verifying them against the text (on the
+    answers, the target's greedy tokens), moving past the accepted ones and the target's own
+    token, drafting again (:func:`replay_chains`).
 
     Logits (the head's and the teacher's, [*, K]: most of a step's cost) are computed only for
     the pairs in the loss (batch.counted), not for padding or prompt positions (the same loss
@@ -101,11 +111,59 @@ def unrolled_loss3(head: Eagle3Head, embedding: torch.Tensor, lm_rows: torch.Ten
         teacher_probs = teacher_distribution(teacher_logits, label_temperature)
         teacher_top1 = teacher_logits.argmax(-1) if top1 else None
     states = unrolled_states(head, embedding[batch.tokens[:, 1:]], aux, steps)
+    next_ids = torch.full(counted.shape, -1, dtype=torch.int64)  # x_{i+2} of pair i [B, N]; -1 past the end
+    next_ids[:, :-1] = batch.tokens[:, 2:]
+    target_next = next_ids[counted]  # [M]
+    reached = [counted]  # per step: pairs [B, N] whose chain reaches it (every earlier draft accepted)
+    accepted: list[torch.Tensor] = []  # per step: pairs [B, N] whose draft is accepted after every earlier one
 
     def score(state: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         keep = mask[counted]  # [M]: which counted pairs this step scores (same row-major order)
         logits = head.logits(state[counted]).float()  # [M, K]
-        agree = logits.detach().argmax(-1)[keep] == teacher_top1[keep] if teacher_top1 is not None else None
-        return soft_cross_entropy(logits, teacher_probs)[keep], agree
+        losses = soft_cross_entropy(logits, teacher_probs)  # [M]
+        here = reached[-1]  # this step's pairs the chain reaches
+        if reach:
+            losses = losses * here[counted].to(losses.dtype)
+        agree = None
+        # the argmax ([M, K] pass): for the agreement, and for the chain where a later step reads it
+        if top1 or (reach and len(reached) < steps):
+            choice = logits.detach().argmax(-1)  # [M] draft ids
+            agree = choice[keep] == teacher_top1[keep] if teacher_top1 is not None else None
+            hit = torch.zeros_like(counted)
+            hit[counted] = head.draft_vocab[choice] == target_next
+            ok = here & hit & mask  # [B, N]
+            accepted.append(ok)
+            following = torch.zeros_like(ok)  # step s + 1 at pair i continues the chain of step s at i - 1
+            following[:, 1:] = ok[:, :-1]
+            reached.append(following)
+        return losses[keep], agree
 
-    return weighted_steps(states, score, counted, step_decay)
+    stats = weighted_steps(states, score, counted, step_decay)
+    if top1:
+        stats.replay = replay_chains(accepted, counted)
+    return stats
+
+
+def replay_chains(accepted: list[torch.Tensor], counted: torch.Tensor) -> tuple[int, int]:
+    """(draft steps, accepted tokens) of the speculative loop over each row's counted pairs.
+
+    accepted[s - 1]: bool [B, N], step s's draft at pair i accepted after every earlier one (its
+    chain starts at pair i - s + 1). From origin o a chain gets sum_s accepted[s - 1][o + s - 1]
+    tokens; the loop drafts at the row's first counted pair and then at o + accepted + 1, while
+    a token is left to draft (o before the row's last counted pair, whose x_{i+2} is past the end).
+    """
+    n = counted.shape[1]
+    per_origin = torch.zeros(counted.shape, dtype=torch.int64)  # [B, N]
+    for step, ok in enumerate(accepted):
+        per_origin[:, : n - step] += ok[:, step:].long()
+    steps = tokens = 0
+    for row, gains in zip(counted.tolist(), per_origin.tolist()):
+        pairs = [i for i, c in enumerate(row) if c]
+        if not pairs:
+            continue
+        origin, last = pairs[0], pairs[-1]
+        while origin < last:
+            steps += 1
+            tokens += gains[origin]
+            origin += gains[origin] + 1
+    return steps, tokens

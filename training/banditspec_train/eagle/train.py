@@ -59,6 +59,7 @@ class TrainConfig:
     cls_weight: float = 1.0
     step_decay: float = 0.8
     label_temperature: float = 0.5  # eagle3: teacher distribution's temperature (0: its argmax; 0.5 measured better than 1)
+    reach_weighting: bool = False  # eagle3: step s counts only pairs whose chain reaches it (objective3)
     seed: int = 0
     bf16: bool = False  # CPU bf16 autocast for the matmuls (3-5x faster on AVX512-BF16, slower on AVX2)
 
@@ -68,6 +69,8 @@ class TrainConfig:
                 raise BanditSpecValidationError(name, "must be >= 1")
         if not self.lr > 0:
             raise BanditSpecValidationError("lr", "must be > 0")
+        if not 0 < self.step_decay <= 1:
+            raise BanditSpecValidationError("step_decay", "must be in (0, 1]")
         if not self.label_temperature >= 0:
             raise BanditSpecValidationError("label_temperature", "must be >= 0")
         if self.noise < 0 or self.cls_weight < 0:
@@ -79,6 +82,7 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)  # one per optimizer step
     val_loss: list[float] = field(default_factory=list)  # per unroll step
     val_top1: list[float] = field(default_factory=list)  # per unroll step
+    val_mat: float | None = None  # eagle3: mean accepted tokens a step, the loop replayed at gamma = unroll_steps
     seconds: float = 0.0
     steps: int = 0  # optimizer steps taken
 
@@ -145,7 +149,7 @@ def loss_function(head: EagleHead | Eagle3Head, embedding: torch.Tensor, lm_rows
 
         def loss3(batch: Batch, training: bool) -> StepStats:
             return unrolled_loss3(head, embedding, lm_rows, batch, cfg.unroll_steps, cfg.step_decay,
-                                  cfg.label_temperature, top1=not training)
+                                  cfg.label_temperature, top1=not training, reach=cfg.reach_weighting)
 
         return loss3
 
@@ -211,23 +215,30 @@ def train_head(head: EagleHead | Eagle3Head, loss_fn: LossFn, train_set: Feature
     result.steps = step
     head.eval()
     if val_set is not None and len(val_set):
-        result.val_loss, result.val_top1 = evaluate_head(loss_fn, val_set, cfg)
+        result.val_loss, result.val_top1, result.val_mat = evaluate_head(loss_fn, val_set, cfg)
     result.seconds = time.time() - start
     return result
 
 
 @torch.no_grad()
-def evaluate_head(loss_fn: LossFn, fs: FeatureSet, cfg: TrainConfig) -> tuple[list[float], list[float]]:
-    """Mean per-step loss and top-1 agreement over ``fs`` (no noise), weighted by batch."""
+def evaluate_head(loss_fn: LossFn, fs: FeatureSet,
+                  cfg: TrainConfig) -> tuple[list[float], list[float], float | None]:
+    """Mean per-step loss and top-1 agreement over ``fs`` (no noise), weighted by batch, and
+    (EAGLE-3) the mean accepted tokens a step (accepted + 1) of the speculative loop replayed over
+    ``fs``'s answers at gamma = ``unroll_steps``, the head drafting in fp32 (None for EAGLE-1)."""
     rng = np.random.default_rng(0)
     losses = np.zeros(cfg.unroll_steps)
     top1 = np.zeros(cfg.unroll_steps)
+    steps = tokens = 0
     batches = make_batches(fs, cfg.batch_tokens, rng)
     for indices in batches:
         stats = loss_fn(collate(fs, indices), False)
         losses += np.asarray(stats.per_step_loss) / len(batches)
         top1 += np.asarray(stats.per_step_top1) / len(batches)
-    return losses.round(4).tolist(), top1.round(4).tolist()
+        if stats.replay is not None:
+            steps, tokens = steps + stats.replay[0], tokens + stats.replay[1]
+    mat = round(1 + tokens / steps, 4) if steps else None
+    return losses.round(4).tolist(), top1.round(4).tolist(), mat
 
 
 # --- the command -----------------------------------------------------------------------
@@ -271,6 +282,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label-temperature", type=float, default=d.label_temperature,
                         help="eagle3: temperature of the target's distribution the head learns "
                              "(1: as it is; < 1 sharper; 0: its argmax only)")
+    parser.add_argument("--reach-weighting", action=argparse.BooleanOptionalAction, default=d.reach_weighting,
+                        help="eagle3: draft step s learns only where the chain reaches it (its earlier "
+                             "drafts right), as serving verifies it")
+    parser.add_argument("--step-decay", type=float, default=d.step_decay,
+                        help="draft step s's loss weighs step_decay ** (s - 1)")
     parser.add_argument("--noise", type=float, default=d.noise, help="eagle1 only: feature noise")
     parser.add_argument("--cls-weight", type=float, default=d.cls_weight, help="eagle1 only")
     parser.add_argument("--val-fraction", type=float, default=0.05)
@@ -324,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, unroll_steps=args.unroll_steps, noise=args.noise,
                       cls_weight=args.cls_weight, label_temperature=args.label_temperature,
+                      reach_weighting=args.reach_weighting, step_decay=args.step_decay,
                       seed=args.seed, bf16=bf16)
     distilled, text = training_parts(model, tokenizer, args.model, distill_spec, text_spec, progress,
                                      workers=args.distill_workers)
@@ -359,6 +376,7 @@ def run(args: argparse.Namespace) -> int:
                  "fixed_text_sequences": text_sequences,
                  "draft_vocab_sample": args.vocab_sample},
         "metrics": {"val_loss_per_step": result.val_loss, "val_top1_per_step": result.val_top1,
+                    "val_mean_accepted_tokens": result.val_mat,
                     "final_train_loss": round(float(np.mean(result.losses[-20:])), 4),
                     "optimizer_steps": result.steps,
                     "data_seconds": round(data_seconds, 1),
