@@ -230,18 +230,20 @@ def test_prompt_window_reads_only_the_latest_positions(drafter, tiny):
 def test_catchup_window_restarts_the_cache_on_the_latest_pairs(drafter, tiny):
     """With a catch-up window of w, a session asked to draft with more than w real pairs
     pending drafts exactly what a fresh session holding only the latest w pairs drafts (its
-    cache restarted on them); with w or fewer pending it feeds them all on top of its cache."""
+    cache restarted on them); with w or fewer pending it feeds them all on top of its cache.
+    The first catch-up is the prompt's: it feeds the prompt window (every pair without one)."""
     ids = random_ids(48, seed=13)
     hidden = target_hidden(tiny, ids)
     window = 6
     windowed = EagleDrafter(drafter.head, drafter.embedding, catchup_window=window)
     session = windowed.start(ids[:10])
     session.observe([ids[10]], hidden[:10])
-    session.propose(3)  # the prompt's 10 pairs: more than w, so only the latest 6
-    assert session.cache_k.shape[2] == window
+    assert session.catchup_limit is None  # no prompt window: the whole prompt
+    session.propose(3)  # the prompt's 10 pairs: more than w, all fed all the same
+    assert session.cache_k.shape[2] == 10 and session.catchup_limit == window
     session.observe(ids[11:15], hidden[10:14])  # 4 pending: all fed on top
     session.propose(3)
-    assert session.cache_k.shape[2] == window + 4
+    assert session.cache_k.shape[2] == 14
     session.observe(ids[15:30], hidden[14:29])  # 15 pending: a restart on the latest 6
     draft = session.propose(4).token_ids
     assert session.cache_k.shape[2] == window
@@ -253,6 +255,22 @@ def test_catchup_window_restarts_the_cache_on_the_latest_pairs(drafter, tiny):
     whole, _ = started(drafter, tiny, ids, 30)
     whole.propose(4)
     assert whole.cache_k.shape[2] == 30  # without the window: every pair
+
+    # with a prompt window p > w the first catch-up feeds p pairs; a session first asked to
+    # draft late (the prompt's p pairs and 10 generated since pending) feeds the latest p
+    both = EagleDrafter(drafter.head, drafter.embedding, prompt_window=8, catchup_window=window)
+    session = both.start(ids[:20])
+    session.observe([ids[20]], hidden[12:20])
+    session.propose(2)
+    assert session.cache_k.shape[2] == 8
+    late = both.start(ids[:20])
+    late.observe(ids[20:31], hidden[12:30])
+    late_draft = late.propose(4).token_ids
+    assert late.cache_k.shape[2] == 8
+    tail = ids[22:31]  # positions 22..29, each with its next token
+    fresh = drafter.start(tail[:1])
+    fresh.observe(tail[1:], hidden[22:30])
+    assert np.array_equal(late_draft, fresh.propose(4).token_ids)
     for bad in (0, -1, True, 2.5):
         with pytest.raises(BanditSpecValidationError, match="catchup_window"):
             EagleDrafter(drafter.head, drafter.embedding, catchup_window=bad)

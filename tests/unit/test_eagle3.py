@@ -233,6 +233,30 @@ def test_int8_drafter_keeps_the_given_head_for_other_drafters(target):
     assert runs[0].output_ids == runs[1].output_ids and runs[0].proposed == runs[1].proposed
 
 
+def test_int8_drafter_projects_the_layers_in_fp32(target):
+    """Drafting in int8 keeps the head's fc in fp32: the captured layers differ ~500x in scale
+    (SmolLM2: layer 1 ~0.8, layer 26's outlier channels ~480), and one 7-bit activation scale
+    over [low ; mid ; high], what an int8 fc would use, rounds the low layer away."""
+    from banditspec.drafters.eagle import _Int8Module
+
+    head = make_head(target)
+    drafter = EagleDrafter(head, target.get_input_embeddings().weight, int8=True)
+    gen = torch.Generator().manual_seed(3)
+    features = torch.randn(1, 5, 3 * 64, generator=gen)
+    features[..., :64] *= 0.8  # layer 1's scale
+    features[..., 128:] *= 50.0
+    features[..., 130] = 480.0  # an outlier channel of the high layer
+    without_low = features.clone()
+    without_low[..., :64] = 0.0
+    with torch.inference_mode():
+        projected = drafter.real_input(features)
+        torch.testing.assert_close(projected, head.fc(features), rtol=0, atol=0)
+        assert (projected - drafter.real_input(without_low)).abs().mean() > 0.05
+        int8 = _Int8Module(head.fc)  # for contrast: the low layer barely moves its output
+        lost = (int8(features) - int8(without_low)).abs().mean()
+        assert lost < 0.2 * (projected - drafter.real_input(without_low)).abs().mean()
+
+
 def test_decoding_loop_with_eagle3_is_lossless_and_feeds_the_head(target, drafter):
     from banditspec.config import GenerationRequest
     from banditspec.decoder import SpeculativeDecoder

@@ -53,7 +53,8 @@ DEFAULT_MIN_CONFIDENCE = 0.4
 # The head drafts with int8 weights (per output row, fbgemm's dynamic linear): a drafted token
 # streams ~4x fewer bytes (measured here: LM-head rows 2.0 -> 0.25 ms). Drafts are verified, so
 # the head's precision changes only which tokens are proposed, never the output; its acceptance
-# against fp32 is measured in engine_build/eagle/README.md ("int8 drafting").
+# against fp32 is measured in engine_build/eagle/README.md ("int8 drafting"). EAGLE-3's feature
+# projection ``fc`` stays fp32 (EagleDrafter.__init__).
 DEFAULT_INT8 = True
 # The head reads at most this many of the prompt's latest positions: feeding it a whole prompt
 # cost ~20 ms on a 300-token prompt here, a fifth of what the arm spent drafting on code, while
@@ -118,8 +119,9 @@ class EagleDrafter:
         every position after them); None: the whole prompt. The decoding loop asks the target
         for those positions' states alone (:func:`~banditspec.drafters.base.first_feature`).
     catchup_window: a session asked to draft with more real pairs pending than this restarts
-        its cache on the latest ``catchup_window`` of them (see DEFAULT_CATCHUP_WINDOW); None:
-        it feeds them all.
+        its cache on the latest ``catchup_window`` of them (see DEFAULT_CATCHUP_WINDOW); its
+        first catch-up, the prompt's, feeds up to ``prompt_window`` of them
+        (:attr:`EagleSession.catchup_limit`); None: it feeds them all.
     previews: the costaware controller previews the head every round (see DEFAULT_PREVIEWS).
     probe: the head's first-token probe (banditspec.eagle.probe), or None: sessions then
         offer no ``hint()`` and the controller pulls the head blind.
@@ -158,11 +160,17 @@ class EagleDrafter:
         # LM head in fp32 drafting; other drafters may be built from it)
         self.head: EagleHead | Eagle3Head = head.eval()
         self.stepper = FastEagleStep(self.head, self.int8)
-        # EAGLE-3's own projection of the target's layers and its LM head run outside that layer
+        # EAGLE-3's own projection of the target's layers and its LM head run outside that layer.
+        # The projection stays fp32 even when drafting in int8: Int8Linear quantizes a call's
+        # input with one scale, and fc's input is the target's layers side by side, whose
+        # magnitudes differ by ~500x (layer 26's outlier channels reach ~480, layer 1's typical
+        # value is ~0.8), so int8 rounds most of the low layer to zero; with fc in fp32 the head
+        # accepts what it accepts in fp32 (engine_build/eagle/README.md, "fc in fp32"). It runs
+        # on the real pairs of a catch-up only, never per drafted token.
         self._project: torch.nn.Module | None = None
         self._lm_head: torch.nn.Module | None = None
         if isinstance(head, Eagle3Head):
-            self._project = _Int8Module(head.fc) if self.int8 else head.fc
+            self._project = head.fc
             self._lm_head = _Int8Module(head.lm_head) if self.int8 else head.lm_head
         self.embedding = embedding.detach().to(torch.float32)
         self.draft_vocab = head.draft_vocab.to(torch.int64)
@@ -325,6 +333,18 @@ class EagleSession:
         """Features of every position but the last: f_first .. f_{n-2} with n tokens."""
         return self.num_features > self.first_feature and self.num_features == len(self.tokens) - 1
 
+    @property
+    def catchup_limit(self) -> int | None:
+        """The most pending pairs the next catch-up feeds (the latest ones; None: all). The
+        first one feeds the prompt's window: the catch-up window bounds the pairs that piled up
+        between pulls, and cut to it the first draft would read 16 prompt positions, not 64."""
+        drafter = self.drafter
+        if drafter.catchup_window is None or self.committed > self.first_feature:
+            return drafter.catchup_window
+        if drafter.prompt_window is None:
+            return None
+        return max(drafter.catchup_window, drafter.prompt_window)
+
     def _append_tokens(self, ids: Sequence[int] | np.ndarray, field: str) -> None:
         values = [int(t) for t in ids]
         vocab = self.drafter.vocab_size
@@ -338,7 +358,7 @@ class EagleSession:
         emb_matrix = self.drafter.embedding
         if self.pending:
             features = torch.cat(self.pending).unsqueeze(0)  # [1, T, H]
-            start, window = self.committed, self.drafter.catchup_window
+            start, window = self.committed, self.catchup_limit
             if window is not None and features.shape[1] > window:
                 # too many to catch up on: the latest `window` pairs become the whole context
                 features, start = features[:, -window:], self.num_features - window
