@@ -251,10 +251,11 @@ def test_int8_drafter_projects_the_layers_in_fp32(target):
     with torch.inference_mode():
         projected = drafter.real_input(features)
         torch.testing.assert_close(projected, head.fc(features), rtol=0, atol=0)
-        assert (projected - drafter.real_input(without_low)).abs().mean() > 0.05
+        kept = (projected - drafter.real_input(without_low)).abs().mean()  # the low layer's part
+        assert kept > 0.05
         int8 = _Int8Module(head.fc)  # for contrast: the low layer barely moves its output
         lost = (int8(features) - int8(without_low)).abs().mean()
-        assert lost < 0.2 * (projected - drafter.real_input(without_low)).abs().mean()
+        assert lost < 0.2 * kept
 
 
 def test_decoding_loop_with_eagle3_is_lossless_and_feeds_the_head(target, drafter):
