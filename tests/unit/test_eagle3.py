@@ -527,8 +527,9 @@ def test_shipped_head_is_eagle3_and_fits_smollm2():
     assert len(vocab) == c.draft_vocab_size == len(set(vocab.tolist()))
     info = json.loads(EAGLE3_WEIGHTS.with_suffix(".json").read_text())
     assert info["format"] == "eagle3" and info["distill"]["aux_layers"] == [1, 14, 26]
-    assert head_min_confidence(EAGLE3_WEIGHTS) == info["min_confidence"] == 0.2
-    assert info["train"]["unroll_steps"] == 4 and info["metrics"]["val_top1_per_step"][0] > 0.45
+    assert head_min_confidence(EAGLE3_WEIGHTS) == info["min_confidence"] == 0.3
+    assert info["train"]["unroll_steps"] == 4 and info["metrics"]["val_top1_per_step"][0] > 0.55
+    assert info["init"]["warm_start_layer"] == 27  # the build's default for SmolLM2 (train.warm_start_layer)
 
 
 @pytest.mark.slow

@@ -24,21 +24,25 @@ post-norm last hidden state (LM-head input).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from banditspec.eagle.head3 import Eagle3Head
 from banditspec_train.eagle.objective import Batch, StepStats, unrolled_mask, weighted_steps
 
 
 def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tensor,
-                    steps: int) -> list[torch.Tensor]:
+                    steps: int, dropout: float = 0.0) -> list[torch.Tensor]:
     """Own hidden states [B, N, H] of steps 1..steps.
 
     embeddings: E[x_{i+1}] [B, N, H]; aux: a_i [B, N, k * H]. Element i of step s predicts
     x_{i+2} when it is the s-th draft token made from position i - s + 1 (valid for i >= s - 1).
+    ``dropout``: on g = fc(a) and both residual branches of the layer while the head trains
+    (engine_build/eagle/variant_study.py; the build trains without).
     """
+    drop = dropout if head.training else 0.0
     n = aux.shape[1]
     positions = torch.arange(n)
-    fused = head.project(aux)
+    fused = F.dropout(head.project(aux), drop) if drop > 0 else head.project(aux)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     states: list[torch.Tensor] = []
@@ -48,7 +52,12 @@ def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tenso
         keys.append(k)
         values.append(v)
         attn = head.attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), unrolled_mask(n, step))
-        states.append(head.finish(hidden, attn))
+        if drop > 0:  # head.finish with the two residual branches dropped
+            m = head.midlayer
+            h = hidden + F.dropout(m.self_attn.o_proj(attn), drop)
+            states.append(h + F.dropout(m.mlp(m.post_attention_layernorm(h)), drop))
+        else:
+            states.append(head.finish(hidden, attn))
     return states
 
 

@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 
 
-def plot_losses(losses: list[float], path: Path, title: str) -> None:
-    """Per-step training loss (light) and its 25-step moving average (dark)."""
+def plot_losses(losses: list[float], path: Path, title: str,
+                ylabel: str = "loss (smooth-L1 + w * CE, unrolled)") -> None:
+    """Per-step training loss (light) and its 25-step moving average (dark); ``ylabel`` names
+    the objective (the default is EAGLE-1's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,7 +26,7 @@ def plot_losses(losses: list[float], path: Path, title: str) -> None:
         smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
         ax.plot(steps[window - 1:], smooth, color="tab:blue", linewidth=1.6, label=f"mean of {window}")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (smooth-L1 + w * CE, unrolled)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
