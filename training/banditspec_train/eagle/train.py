@@ -332,18 +332,20 @@ def warm_start_layer(asked: int | None, config: Eagle3Config) -> int | None:
     which held-out chat preferred to a random init by 1.946 to 1.818 accepted tokens a step
     at gamma 4 (engine_build/eagle/README.md, thirty-seventh session); -1: no warm start."""
     if asked is None:
-        return min(config.aux_layers[-1] + 1, config.target_num_layers - 1)
+        return config.aux_layers[-1] + 1  # a captured layer is at most the last but one
     return None if asked < 0 else asked
 
 
-def check_warm_start(asked: int | None, head_format: str, num_layers: int) -> None:
-    """``--warm-start-layer`` checked against the format and the target (the error names it)."""
-    if asked is None or asked == -1:
+def check_warm_start(asked: int | None, head_format: str, num_layers: int, off_allowed: bool = True) -> None:
+    """``--warm-start-layer`` checked against the format and the target (the error names it);
+    None (the default layer) and -1 (no warm start) pass where ``off_allowed``."""
+    if off_allowed and (asked is None or asked == -1):
         return
     if head_format != "eagle3":  # EAGLE-1's layer reads one post-norm feature, no layer's input
         raise BanditSpecValidationError("warm_start_layer", "only the eagle3 head starts from a target layer")
-    if not 0 <= asked < num_layers:
-        raise BanditSpecValidationError("warm_start_layer", f"must be -1 or in [0, {num_layers - 1}], got {asked}")
+    if asked is None or not 0 <= asked < num_layers:
+        allowed = f"{'-1 or ' if off_allowed else ''}in [0, {num_layers - 1}]"
+        raise BanditSpecValidationError("warm_start_layer", f"must be {allowed}, got {asked}")
 
 
 def init_metadata(args: argparse.Namespace, head: EagleHead | Eagle3Head) -> dict:
@@ -361,8 +363,7 @@ def warm_start(head: Eagle3Head, model, layer_index: int, fc_noise: float) -> No
     elsewhere, so that g starts as that layer's output (the residual stream layer
     ``layer_index`` reads when it is the next one)."""
     layers = model.model.layers
-    if not 0 <= layer_index < len(layers):
-        raise BanditSpecValidationError("warm_start_layer", f"must be in [0, {len(layers) - 1}], got {layer_index}")
+    check_warm_start(layer_index, "eagle3", len(layers), off_allowed=False)
     layer, m, h = layers[layer_index], head.midlayer, head.config.hidden_size
     with torch.no_grad():
         m.hidden_norm.weight.copy_(layer.input_layernorm.weight.float())
