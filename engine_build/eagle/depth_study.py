@@ -17,6 +17,9 @@ step (and its native kernel) to run the extra layers.
 
     .venv/bin/python engine_build/eagle/depth_study.py [--epochs 1] [--extra-layers 1]
         [--study-out docs/eagle/depth-study.json]   # --mat: replay the saved heads instead
+    .venv/bin/python engine_build/eagle/depth_study.py --mat --heads A.safetensors B.safetensors \
+        --mat-skip 24 --mat-prompts 48 --mat-code 0 --mat-gammas 4 --mat-out F.json
+        # the same replay of any heads save_head3 wrote (the build's, variant_study.py's two-layers)
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from typing import cast
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
-from banditspec.eagle.head import RMSNorm, apply_rope, extend_cache, rope_cos_sin
+from banditspec.eagle.head import RMSNorm, apply_rope, extend_cache, load_weights, rope_cos_sin
 from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, _MLP
 from banditspec.paths import REPO_ROOT, cache_dir
 from banditspec_train.eagle import objective3
@@ -72,6 +76,17 @@ class _Layer(nn.Module):
         h = x + self.o_proj(attn)
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def copy_from(self, layer) -> None:
+        """Start as a target decoder layer (HF Llama's parameter names; variant_study.py's
+        warm-started second layer)."""
+        with torch.no_grad():
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                getattr(self, norm).weight.copy_(getattr(layer, norm).weight.float())
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(self, name).weight.copy_(getattr(layer.self_attn, name).weight.float())
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(self.mlp, name).weight.copy_(getattr(layer.mlp, name).weight.float())
+
 
 class DeeperHead(Eagle3Head):
     """Eagle3Head plus ``extra`` decoder layers after its midlayer (training only)."""
@@ -84,11 +99,14 @@ class DeeperHead(Eagle3Head):
 _served_states = objective3.unrolled_states
 
 
-def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tensor, steps: int,
+                    dropout: float = 0.0) -> list[torch.Tensor]:
     """objective3.unrolled_states, with a DeeperHead's extra layers after the midlayer: each
     keeps its own keys per step under the same unrolled mask; the state fed back is the last layer's."""
     if not isinstance(head, DeeperHead):
-        return _served_states(head, embeddings, aux, steps)
+        return _served_states(head, embeddings, aux, steps, dropout)
+    if dropout:
+        raise ValueError("dropout: not in the deeper head's states")
     n = aux.shape[1]
     positions = torch.arange(n)
     fused = head.project(aux)
@@ -111,7 +129,6 @@ def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tenso
     return states
 
 
-objective3.unrolled_states = unrolled_states  # unrolled_loss3 looks it up at call time
 
 
 def _step(head: Eagle3Head, embeddings: torch.Tensor, hidden: torch.Tensor,
@@ -127,6 +144,17 @@ def _step(head: Eagle3Head, embeddings: torch.Tensor, hidden: torch.Tensor,
         grown.append((k, v))
         x = layer.finish(x, head.attend(q, k, v, mask))
     return x, grown
+
+
+def load_study_head(path: Path) -> Eagle3Head:
+    """A head from ``save_head3``'s files, with the extra layers its weights hold (``extra.N.*``,
+    variant_study.py's two-layers), in eval mode."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        extra = len({key.split(".")[1] for key in f.keys() if key.startswith("extra.")})
+    return load_weights(path, lambda config: DeeperHead(Eagle3Config(**config), extra) if extra
+                        else Eagle3Head(Eagle3Config(**config)), torch.float32)
 
 
 @torch.inference_mode()
@@ -177,17 +205,23 @@ def mat_study(args: argparse.Namespace) -> int:
     served = load_default_eagle_drafter(model, EAGLE3_WEIGHTS)  # its feature layers; plain decoding
     embedding = model.get_input_embeddings().weight.detach().float()
     heads: dict[str, Eagle3Head] = {}
-    for path in sorted((cache_dir() / "eagle3-depth-study").glob("*-layers.pt")):
+    if args.heads:
+        heads = {Path(path).stem: load_study_head(Path(path)) for path in args.heads}
+    for path in [] if args.heads else sorted((cache_dir() / "eagle3-depth-study").glob("*-layers.pt")):
         saved = torch.load(path)
         config = Eagle3Config(**saved["config"])
         head = DeeperHead(config, saved["extra_layers"]) if saved["extra_layers"] else Eagle3Head(config)
         head.load_state_dict(saved["state"])
         heads[path.stem] = head.eval()
-    gammas = (1, 2, 3, 4, 6, 8)
-    report: dict = {"gammas": list(gammas), "max_new_tokens": 96, "workloads": {}}
-    for workload, prompts in (("chat", chat_prompts(12)), ("code", code_prompts(12))):
+    gammas = tuple(args.mat_gammas)
+    report: dict = {"gammas": list(gammas), "max_new_tokens": 96, "skip": args.mat_skip,
+                    "heads": {name: str(path) for name, path in zip(heads, args.heads or [])}, "workloads": {}}
+    n = args.mat_prompts
+    for workload, prompts in (("chat", chat_prompts(n, args.mat_skip)), ("code", code_prompts(args.mat_code, args.mat_skip))):
+        if not prompts:
+            continue
         accepted: dict[str, dict[int, list[int]]] = {name: {g: [] for g in gammas} for name in heads}
-        for text in prompts:
+        for text in tqdm(prompts, desc=workload, unit="prompt"):
             ids = prompt_ids(tokenizer, text, chat=True)
             plain = greedy_speculative(model, served, ids, 0, 96, tokenizer.eos_token_id).output_ids
             aux = torch.from_numpy(target_features(model, ids + plain, served))
@@ -197,7 +231,7 @@ def mat_study(args: argparse.Namespace) -> int:
         report["workloads"][workload] = {name: {g: round(float(np.mean(a[g])) + 1, 3) for g in gammas}
                                          for name, a in accepted.items()}
         print(workload, json.dumps(report["workloads"][workload]), flush=True)
-    out = args.study_out.with_name(args.study_out.stem + "-mat.json")
+    out = args.mat_out or args.study_out.with_name(args.study_out.stem + "-mat.json")
     out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
@@ -209,6 +243,13 @@ def main() -> int:
     parser.add_argument("--study-out", type=Path, default=REPO_ROOT / "docs" / "eagle" / "depth-study.json")
     parser.add_argument("--mat", action="store_true",
                         help="instead of training: mean accepted tokens of the heads a training run saved")
+    parser.add_argument("--heads", type=Path, nargs="+",
+                        help="--mat: these heads (save_head3 files: the build's, variant_study.py's) instead")
+    parser.add_argument("--mat-prompts", type=int, default=12, help="--mat: chat prompts")
+    parser.add_argument("--mat-code", type=int, default=12, help="--mat: HumanEval prompts")
+    parser.add_argument("--mat-skip", type=int, default=0, help="--mat: after this many of each workload")
+    parser.add_argument("--mat-gammas", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
+    parser.add_argument("--mat-out", type=Path, help="--mat: the report (default: beside --study-out)")
     parser.set_defaults(chat_prompts=2200, code_prompts=240, epochs=1, loss_on="answers")  # the v2 build's cached data
     args = parser.parse_args()
     if args.mat:
@@ -220,6 +261,7 @@ def main() -> int:
     from banditspec_train.eagle.dataset import training_data
     from banditspec_train.eagle.selfdistill import DistillSpec
 
+    objective3.unrolled_states = unrolled_states  # unrolled_loss3 looks it up at call time
     torch.set_num_threads(max(1, args.threads))
     model, tokenizer = load_model(args.model)
     aux = default_aux_layers(model.config.num_hidden_layers)

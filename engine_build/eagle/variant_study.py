@@ -12,7 +12,13 @@ README's comparisons can be rerun from main:
   need the target to return that state with the layers (thirty-fifth session).
 - ``frozen-output``: the head's LM head and final norm stay at their initial values, the
   target's rows of the draft vocabulary and its final norm (4.7 M fewer trained parameters;
-  prepared in the thirty-sixth session, not trained yet).
+  prepared in the thirty-sixth session, screened for one epoch in the thirty-eighth).
+- ``two-layers``: ``depth_study.py``'s second decoder layer (the target's own form: q/k/v
+  read the state alone, keys per unrolled step) after the head's layer; the head's state s is
+  its output. With the warm start it starts as the target layer after the head's (28 for
+  SmolLM2), without it as the identity. A study only: the served drafter, its native step and
+  upstream's EAGLE-3 layout have one layer; ``depth_study.py --mat --heads`` replays it
+  (thirty-eighth session).
 
 A warm start from a target layer (thirty-seventh session) is a build option instead, and the
 default since: ``--warm-start-layer``. The earlier sessions' runs of these variants started from
@@ -32,6 +38,7 @@ import dataclasses
 import functools
 import logging
 import sys
+from pathlib import Path
 
 import torch
 
@@ -41,7 +48,7 @@ from banditspec.paths import cache_dir
 from banditspec_train.eagle import objective3, train
 
 served_states = objective3.unrolled_states  # before any variant patches it
-VARIANTS = ("dropout", "mlp-width", "last-state", "frozen-output")
+VARIANTS = ("dropout", "mlp-width", "last-state", "frozen-output", "two-layers")
 
 
 def dropout_states(p: float):
@@ -62,6 +69,40 @@ def last_state_loss():
         return served(head, embedding, lm_rows, dataclasses.replace(batch, features=widened), steps, *args, **kwargs)
 
     return unrolled_loss3
+
+
+def deeper_head(head: Eagle3Head, target_model, warm_start_layer: int | None):
+    """``head`` with depth_study's second decoder layer after its midlayer: started as the target
+    layer after ``warm_start_layer`` (when there is one), else as the identity (depth_study's
+    zero output projections)."""
+    depth_study = _depth_study()
+    deeper = depth_study.DeeperHead(head.config, 1)
+    missing, unexpected = deeper.load_state_dict(head.state_dict(), strict=False)
+    assert not unexpected and all(name.startswith("extra.") for name in missing)
+    layers = target_model.model.layers
+    if warm_start_layer is not None and warm_start_layer + 1 < len(layers):
+        deeper.extra[0].copy_from(layers[warm_start_layer + 1])
+    return deeper
+
+
+def _depth_study():
+    """engine_build/eagle/depth_study.py, imported from this folder."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import depth_study
+
+    return depth_study
+
+
+def install_two_layers(served_new_head) -> None:
+    objective3.unrolled_states = _depth_study().unrolled_states  # unrolled_loss3 looks it up at call time
+
+    def new_head(run_args, model, tokenizer, train_set, embedding):
+        head = served_new_head(run_args, model, tokenizer, train_set, embedding)
+        return deeper_head(head, model, train.warm_start_layer(run_args.warm_start_layer, head.config))
+
+    train._new_head = new_head  # type: ignore[assignment]
 
 
 def install(args: argparse.Namespace) -> None:
@@ -85,6 +126,8 @@ def install(args: argparse.Namespace) -> None:
             train.unrolled_loss3 = last_state_loss()  # type: ignore[assignment]
         return
     served_new_head = train._new_head
+    if variant == "two-layers":
+        return install_two_layers(served_new_head)
 
     def new_head(run_args, model, tokenizer, train_set, embedding):
         head = served_new_head(run_args, model, tokenizer, train_set, embedding)
@@ -95,13 +138,13 @@ def install(args: argparse.Namespace) -> None:
     train._new_head = new_head  # type: ignore[assignment]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_arguments(parser)
     parser.add_argument("--variant", required=True, choices=VARIANTS)
     parser.add_argument("--dropout", type=float, default=0.1, help="dropout: its probability")
     parser.add_argument("--intermediate-size", type=int, default=3072, help="mlp-width: the MLP's width")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.format != "eagle3":
         parser.error("--format: the variants are of the EAGLE-3 head")
     if args.variant == "mlp-width" and args.warm_start_layer != -1:
@@ -114,6 +157,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO)
     print(f"variant {args.variant}", flush=True)
+    install(args)  # until the thirty-eighth session main forgot this: every variant ran the build's recipe
     return train.run(args)
 
 

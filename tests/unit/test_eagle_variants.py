@@ -117,3 +117,54 @@ def test_install_patches_only_what_the_variant_names(target, monkeypatch):  # no
     assert train._new_head is not served_new_head and objective3.unrolled_states is served_states
     variant_study.install(argparse.Namespace(variant="dropout", dropout=0.2))
     assert objective3.unrolled_states is not served_states and train.unrolled_loss3 is served_loss
+
+
+def test_a_second_layer_starts_as_the_identity_or_as_the_next_target_layer(target):  # noqa: F811
+    """two-layers: without a warm start depth_study's second layer adds nothing (its output
+    projections are zero), so the states are the one-layer head's at every draft step; warm-started
+    from layer 4 it is the target's layer 5 and changes them."""
+    states = variant_study._depth_study().unrolled_states
+    head = new_head(target)
+    _, _, emb, aux = inputs(target, head)
+    served = unrolled_states(head, emb, aux, 3)
+    same = variant_study.deeper_head(head, target, None)
+    for state, one in zip(states(same, emb, aux, 3), served):
+        assert torch.equal(state, one)
+    warm = variant_study.deeper_head(head, target, 4)
+    layer = target.model.layers[5]
+    assert torch.equal(warm.extra[0].k_proj.weight, layer.self_attn.k_proj.weight)
+    assert torch.equal(warm.extra[0].mlp.down_proj.weight, layer.mlp.down_proj.weight)
+    assert torch.equal(warm.midlayer.mlp.up_proj.weight, head.midlayer.mlp.up_proj.weight)  # the rest is the head's
+    moved = states(warm, emb, aux, 3)
+    assert all(not torch.allclose(m, s) for m, s in zip(moved, served))
+    assert variant_study.deeper_head(head, target, 5).extra[0].o_proj.weight.abs().max() == 0  # no layer after 5
+
+
+def test_main_installs_the_variant_before_training(monkeypatch, tmp_path):
+    """The command line patches the trainer before train.run builds the head (it once did not,
+    and every variant ran the build's own recipe); importing depth_study patches nothing."""
+    variant_study._depth_study()
+    monkeypatch.setattr(objective3, "unrolled_states", objective3.unrolled_states)  # restored after the test
+    monkeypatch.setattr(train, "_new_head", train._new_head)
+    served_new_head = train._new_head
+    seen = {}
+    monkeypatch.setattr(train, "run", lambda args: seen.setdefault("patched", train._new_head is not served_new_head) and 0)
+    assert variant_study.main(["--variant", "frozen-output", "--out", str(tmp_path / "head.safetensors")]) == 0
+    assert seen == {"patched": True}
+    assert objective3.unrolled_states is variant_study.served_states
+
+
+def test_depth_study_reads_back_a_saved_two_layer_head(target, tmp_path):  # noqa: F811
+    """depth_study.py --mat --heads: a head saved with save_head3 comes back with its extra layer
+    (and a one-layer head without one), weights equal."""
+    from banditspec.eagle.head3 import save_head3
+
+    depth_study = variant_study._depth_study()
+    head = new_head(target)
+    for extra, warm in ((1, variant_study.deeper_head(head, target, 4)), (0, head)):
+        path = tmp_path / f"{extra}.safetensors"
+        save_head3(warm, path)
+        back = depth_study.load_study_head(path)
+        assert len(getattr(back, "extra", [])) == extra
+        for name, tensor in warm.state_dict().items():
+            assert torch.allclose(back.state_dict()[name].float(), tensor.float(), atol=1e-2, rtol=1e-2), name  # bf16 files
