@@ -129,8 +129,6 @@ def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tenso
     return states
 
 
-
-
 def _step(head: Eagle3Head, embeddings: torch.Tensor, hidden: torch.Tensor,
           caches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """T pairs appended to every layer's cache (positions = cache length onwards): states [1, T, H]."""
@@ -204,11 +202,9 @@ def mat_study(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model)
     served = load_default_eagle_drafter(model, EAGLE3_WEIGHTS)  # its feature layers; plain decoding
     embedding = model.get_input_embeddings().weight.detach().float()
-    heads: dict[str, Eagle3Head] = {}
-    if args.heads:
-        heads = {Path(path).stem: load_study_head(Path(path)) for path in args.heads}
+    heads: dict[str, Eagle3Head] = {Path(path).stem: load_study_head(Path(path)) for path in args.heads or []}
     for path in [] if args.heads else sorted((cache_dir() / "eagle3-depth-study").glob("*-layers.pt")):
-        saved = torch.load(path)
+        saved = torch.load(path)  # this study's own training runs
         config = Eagle3Config(**saved["config"])
         head = DeeperHead(config, saved["extra_layers"]) if saved["extra_layers"] else Eagle3Head(config)
         head.load_state_dict(saved["state"])
