@@ -108,6 +108,9 @@ def install_two_layers(served_new_head) -> None:
 def install(args: argparse.Namespace) -> None:
     """Patch the trainer for ``args.variant`` (before train.run builds the head)."""
     variant = args.variant
+    if variant == "two-layers":
+        install_two_layers(train._new_head)
+        return
     if variant == "dropout":
         objective3.unrolled_states = dropout_states(args.dropout)  # unrolled_loss3 looks it up at call time
         return
@@ -126,8 +129,6 @@ def install(args: argparse.Namespace) -> None:
             train.unrolled_loss3 = last_state_loss()  # type: ignore[assignment]
         return
     served_new_head = train._new_head
-    if variant == "two-layers":
-        return install_two_layers(served_new_head)
 
     def new_head(run_args, model, tokenizer, train_set, embedding):
         head = served_new_head(run_args, model, tokenizer, train_set, embedding)
