@@ -267,7 +267,8 @@ def main() -> int:
     text = CorpusSpec(chat_tokens=0, code_tokens=0, seed=args.seed)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr, unroll_steps=args.unroll_steps,
                       seed=args.seed)
-    fs = training_data(model, tokenizer, args.model, distill, text, not args.no_progress, workers=args.distill_workers)
+    fs = training_data(model, tokenizer, args.model, distill, text, not args.no_progress, workers=args.distill_workers,
+                       parts=args.distill_parts)  # its own split below draws validation from every part
     embedding = model.get_input_embeddings().weight.detach().float()
     order = np.random.default_rng(args.seed).permutation(len(fs))
     n_val = int(round(len(fs) * args.val_fraction))

@@ -1,6 +1,7 @@
 """The training FeatureSet of a build, cached in the cache folder by its specification.
 
-Self-distillation data (:mod:`.selfdistill`, the default) plus, optionally, fixed training
+Self-distillation data (:mod:`.selfdistill`, the default; in parts of the seeded prompt lists,
+the first validated from, the later ones trained on only) plus, optionally, fixed training
 text (:mod:`.corpus`, ShareGPT train-split conversations and stdlib code) whose features come
 from one extra target pass (:mod:`.features`). Interrupted builds resume from shards.
 """
@@ -11,10 +12,11 @@ import hashlib
 import json
 import logging
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 
+from banditspec.errors import BanditSpecValidationError
 from banditspec.paths import cache_dir
 from banditspec_train.eagle.corpus import CorpusSpec, build_corpus
 from banditspec_train.eagle.features import FeatureSet, extract_features, load_features, save_features
@@ -35,8 +37,15 @@ def concat(sets: list[FeatureSet]) -> FeatureSet:
     )
 
 
+def cache_key(spec, model_name: str) -> str:
+    fields = asdict(spec)
+    if fields.get("part") == 0:  # part 0 keeps the key it had before parts existed: its caches stay valid
+        del fields["part"]
+    return hashlib.sha256(json.dumps([model_name, type(spec).__name__, fields]).encode()).hexdigest()[:12]
+
+
 def _cached(name: str, spec, model_name: str, build) -> FeatureSet:
-    key = hashlib.sha256(json.dumps([model_name, type(spec).__name__, asdict(spec)]).encode()).hexdigest()[:12]
+    key = cache_key(spec, model_name)
     folder = cache_dir() / f"eagle-{name}-{model_name}-{key}"
     cached = load_features(folder)
     if cached is not None:
@@ -50,30 +59,35 @@ def _cached(name: str, spec, model_name: str, build) -> FeatureSet:
 
 
 def training_parts(model, tokenizer, model_name: str, distill_spec: DistillSpec,
-                   text_spec: CorpusSpec, progress: bool = True,
-                   workers: int = 1) -> tuple[FeatureSet | None, FeatureSet | None]:
-    """(self-distilled answers, fixed text), each None when not requested. ``workers``:
+                   text_spec: CorpusSpec, progress: bool = True, workers: int = 1,
+                   parts: int = 1) -> tuple[FeatureSet | None, FeatureSet | None, FeatureSet | None]:
+    """(self-distilled answers of ``distill_spec``'s part, those of the ``parts - 1`` parts after
+    it, fixed text), each None when not requested; each part is cached on its own. ``workers``:
     self-distillation processes (one torch thread each), see :func:`.selfdistill.distill`.
     Fixed text gets the layers of ``text_spec.aux_layers`` too, from one bf16-autocast pass
     (the features' precision did not change what a head learns; engine_build/eagle/README.md)."""
-    distilled = text = None
+    if parts < 1:
+        raise BanditSpecValidationError("distill_parts", f"must be >= 1, got {parts}")
+    distilled = more = text = None
     if distill_spec.chat_prompts + distill_spec.code_prompts > 0:
-        distilled = _cached("distill", distill_spec, model_name,
-                            lambda shards: distill(model, tokenizer, distill_spec, shards, progress,
-                                                   workers=workers, model_name=model_name))
+        answered = []
+        for k in range(distill_spec.part, distill_spec.part + parts):
+            spec = replace(distill_spec, part=k)
+            answered.append(_cached("distill", spec, model_name,
+                                    lambda shards, spec=spec: distill(model, tokenizer, spec, shards, progress,
+                                                                      workers=workers, model_name=model_name)))
+        distilled, more = answered[0], (concat(answered[1:]) if len(answered) > 1 else None)
     if text_spec.chat_tokens + text_spec.code_tokens > 0:
         text = _cached("text", text_spec, model_name, lambda shards: extract_features(
             model, build_corpus(tokenizer, text_spec), progress=progress, shard_dir=shards,
             aux_layers=text_spec.aux_layers))
     if distilled is None and text is None:
-        from banditspec.errors import BanditSpecValidationError
-
         raise BanditSpecValidationError("chat_prompts", "no training data requested")
-    return distilled, text
+    return distilled, more, text
 
 
 def training_data(model, tokenizer, model_name: str, distill_spec: DistillSpec,
-                  text_spec: CorpusSpec, progress: bool = True, workers: int = 1) -> FeatureSet:
-    """Both parts of :func:`training_parts` in one set."""
+                  text_spec: CorpusSpec, progress: bool = True, workers: int = 1, parts: int = 1) -> FeatureSet:
+    """Every part of :func:`training_parts` in one set."""
     return concat([p for p in training_parts(model, tokenizer, model_name, distill_spec, text_spec,
-                                             progress, workers) if p is not None])
+                                             progress, workers, parts) if p is not None])

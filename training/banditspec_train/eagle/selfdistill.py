@@ -57,13 +57,17 @@ class DistillSpec:
     # a drafter is asked for: the answer after its first token). A build on "answers" (with more
     # data, 2 epochs, 4 unrolled steps) drafted no better (engine_build/eagle/README.md).
     loss_on: str = "text"
+    # Which slice of the seeded prompt lists this spec answers: part k takes chat prompts
+    # [k * chat_prompts, (k + 1) * chat_prompts) and code prompts likewise, so each part adds
+    # prompts no other part has (a build's later parts train only: train.py --distill-parts).
+    part: int = 0
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise BanditSpecValidationError("precision", f"must be one of {PRECISIONS}, got {self.precision!r}")
         if self.loss_on not in LOSS_ON:
             raise BanditSpecValidationError("loss_on", f"must be one of {LOSS_ON}, got {self.loss_on!r}")
-        for name in ("chat_prompts", "code_prompts"):
+        for name in ("chat_prompts", "code_prompts", "part"):
             if getattr(self, name) < 0:
                 raise BanditSpecValidationError(name, "must be >= 0")
         for name in ("max_new_tokens", "batch_size"):
@@ -115,6 +119,13 @@ def code_prompts(count: int, seed: int) -> list[str]:
     stubs = [s for p in files for s in _function_stubs(p.read_text(encoding="utf-8", errors="replace"))]
     rng.shuffle(stubs)
     return [CODE_TEMPLATE.format(code=s) for s in stubs[:count]]
+
+
+def prompt_part(spec: DistillSpec) -> tuple[list[str], list[str]]:
+    """(chat, code) prompts of ``spec.part``: the seeded lists are prefix-stable (a longer list
+    starts with the shorter one), so part k is the k-th slice of ``spec``'s counts."""
+    c, k, p = spec.chat_prompts, spec.code_prompts, spec.part
+    return chat_prompts((p + 1) * c, spec.seed)[p * c:], code_prompts((p + 1) * k, spec.seed)[p * k:]
 
 
 def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
@@ -227,7 +238,7 @@ def answer_batch(model, generator, spec: DistillSpec, prompts: list[list[int]], 
 
 def _plan(tokenizer, spec: DistillSpec) -> tuple[list[list[int]], list[str], list[list[int]]]:
     """(encoded prompts, their kinds, batches of prompt indices sorted by length)."""
-    chats, codes = chat_prompts(spec.chat_prompts, spec.seed), code_prompts(spec.code_prompts, spec.seed)
+    chats, codes = prompt_part(spec)
     texts, kinds = chats + codes, ["chat"] * len(chats) + ["code"] * len(codes)
     encoded = encode_prompts(tokenizer, texts)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))

@@ -46,9 +46,14 @@ def native_bf16() -> bool:
     return "AVX512" in str(torch.backends.cpu.get_cpu_capability())
 
 
+DISTILL_PARTS = 2  # self-distilled parts a build trains on (DistillSpec.part 0, 1, ...)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = 6  # 3 -> 6 epochs: held-out top-1 0.473 -> 0.507 at draft step 1 (engine_build/eagle/README.md)
+    # 3 -> 6 epochs: held-out top-1 0.473 -> 0.507 at draft step 1; then twice the data
+    # (DISTILL_PARTS) at 3 epochs, about the same optimizer steps (engine_build/eagle/README.md)
+    epochs: int = 3
     batch_tokens: int = 2048
     lr: float = 2e-3
     warmup: int = 30
@@ -265,6 +270,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-on", default=ds.loss_on, choices=("answers", "text"),
                         help="pairs in the loss: the target's answers only (what a drafter is asked "
                              "for) or the user's prompt too")
+    parser.add_argument("--distill-parts", type=int, default=DISTILL_PARTS,
+                        help="self-distilled parts of --chat-prompts and --code-prompts prompts each, the "
+                             "next ones of the same seeded lists; the validation split comes from the first "
+                             "part alone, the later parts train only (2 parts at 3 epochs: held-out chat 2.015 "
+                             "against 1.946 for 1 part at 6 epochs; engine_build/eagle/README.md)")
     parser.add_argument("--distill-workers", type=int, default=2,
                         help="self-distillation processes of one torch thread each (one per core)")
     parser.add_argument("--text-chat-tokens", type=int, default=c.chat_tokens,
@@ -406,14 +416,17 @@ def run(args: argparse.Namespace) -> int:
                       cls_weight=args.cls_weight, label_temperature=args.label_temperature,
                       reach_weighting=args.reach_weighting, step_decay=args.step_decay,
                       seed=args.seed, bf16=bf16)
-    distilled, text = training_parts(model, tokenizer, args.model, distill_spec, text_spec, progress,
-                                     workers=args.distill_workers)
+    distilled, more, text = training_parts(model, tokenizer, args.model, distill_spec, text_spec, progress,
+                                           workers=args.distill_workers, parts=args.distill_parts)
     data_seconds = time.time() - began
 
     embedding = model.get_input_embeddings().weight.detach().float()
-    val_set, train_set = split_validation(distilled, text, args.val_fraction, args.seed)
+    train_only = [p for p in (more, text) if p is not None]  # later parts and fixed text: never validated on
+    val_set, train_set = split_validation(distilled, concat(train_only) if train_only else None,
+                                          args.val_fraction, args.seed)
     text_sequences = len(text) if text is not None else 0
-    del distilled, text  # the split holds copies: ~2.7 GB less through training
+    more_sequences = len(more) if more is not None else 0
+    del distilled, more, text, train_only  # the split holds copies: ~2.7 GB a part less through training
     names, counts = np.unique(np.concatenate([train_set.kinds, val_set.kinds]), return_counts=True)
     kinds = {str(k): int(n) for k, n in zip(names, counts)}  # sorted by kind, as before
 
@@ -438,6 +451,8 @@ def run(args: argparse.Namespace) -> int:
         "data": {"train_sequences": len(train_set), "train_pairs": counted(train_set),
                  "val_sequences": len(val_set), "val_pairs": counted(val_set),
                  "kinds": kinds,
+                 "distill_parts": args.distill_parts,
+                 "later_parts_sequences": more_sequences,
                  "fixed_text_sequences": text_sequences,
                  "draft_vocab_sample": args.vocab_sample},
         "metrics": {"val_loss_per_step": result.val_loss, "val_top1_per_step": result.val_top1,
