@@ -26,7 +26,11 @@ log = logging.getLogger(__name__)
 
 
 def concat(sets: list[FeatureSet]) -> FeatureSet:
+    """One FeatureSet of ``sets`` in order; a lone non-empty set is returned as it is (a part
+    of self-distilled answers is ~2.6 GB: no copy where nothing is joined)."""
     sets = [s for s in sets if len(s)]
+    if len(sets) == 1:
+        return sets[0]
     lengths = np.concatenate([np.diff(s.offsets) for s in sets])
     return FeatureSet(
         tokens=np.concatenate([s.tokens for s in sets]),
