@@ -4,7 +4,7 @@ compared. SmolLM2-135M fp32, 1 torch thread, 64 tokens, default settings otherwi
 each workload's prompts SKIP .. SKIP + N - 1 in the benchmark's order (the first 40 are the
 ones every setting was tuned on).
 
-    .venv/bin/python scripts/ab_eagle_arm.py PROMPTS_PER_WORKLOAD SKIP OUT.json
+    .venv/bin/python experiments/ab_eagle_arm.py PROMPTS_PER_WORKLOAD SKIP OUT.json
 """
 
 import dataclasses

@@ -2,9 +2,9 @@
 the same without the ``eagle`` arm, the two interleaved per prompt (order alternating), every
 output compared. SmolLM2-135M fp32, the target on 1 torch thread, 64 tokens, default settings
 otherwise. Prompts: each workload's prompts SKIP .. SKIP + N - 1 in the benchmark's order (the
-125th-164th are the benchmarks' held-out ones). scripts/ab_eagle_arm.py is the in-process one.
+125th-164th are the benchmarks' held-out ones). experiments/ab_eagle_arm.py is the in-process one.
 
-    .venv/bin/python scripts/ab_eagle_arm_triton.py PROMPTS_PER_WORKLOAD SKIP OUT.json [WORKLOADS]
+    .venv/bin/python experiments/ab_eagle_arm_triton.py PROMPTS_PER_WORKLOAD SKIP OUT.json [WORKLOADS]
 
 Each setting is served by its own copy of the controller model (its own cost model and
 server-wide statistics); the request names its arms (the bench's way), without ``eagle`` for

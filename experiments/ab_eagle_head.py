@@ -5,7 +5,7 @@ default arms, its ``eagle`` arm drafting with each head. SmolLM2-135M fp32, 1 to
 tokens, default settings otherwise (each head with its own tuned cut-off and probe, from its JSON).
 Prompts: each workload's prompts SKIP .. SKIP + N - 1 in the benchmark's order.
 
-    .venv/bin/python scripts/ab_eagle_head.py fixed|costaware N SKIP WEIGHTS OUT.json [WORKLOADS]
+    .venv/bin/python experiments/ab_eagle_head.py fixed|costaware N SKIP WEIGHTS OUT.json [WORKLOADS]
 """
 
 import dataclasses

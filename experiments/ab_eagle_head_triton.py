@@ -4,9 +4,9 @@ same with the EAGLE-1 head. One server per head (``eagle_head`` on both the cont
 and interleaved per prompt (order alternating), every output compared. SmolLM2-135M fp32, the
 target on 1 torch thread, 64 tokens, default settings otherwise (each head at its shipped
 cut-off and probe). Prompts: each workload's prompts SKIP .. SKIP + N - 1 in the benchmark's
-order. scripts/ab_eagle_head.py is the in-process one.
+order. experiments/ab_eagle_head.py is the in-process one.
 
-    .venv/bin/python scripts/ab_eagle_head_triton.py PROMPTS_PER_WORKLOAD SKIP OUT.json [WORKLOADS]
+    .venv/bin/python experiments/ab_eagle_head_triton.py PROMPTS_PER_WORKLOAD SKIP OUT.json [WORKLOADS]
 """
 
 import dataclasses

@@ -5,7 +5,7 @@ settings otherwise. Prompts: each workload's prompts SKIP .. SKIP + N - 1 in the
 order (the probe was fitted on the first 100 of chat, code and code-edit; the 125th-164th are
 the benchmarks' held-out ones).
 
-    .venv/bin/python scripts/ab_eagle_probe.py in-process|triton PROMPTS_PER_WORKLOAD SKIP OUT.json [WORKLOADS]
+    .venv/bin/python experiments/ab_eagle_probe.py in-process|triton PROMPTS_PER_WORKLOAD SKIP OUT.json [WORKLOADS]
 
 Through Triton each setting is served by its own copy of the controller model (own cost model
 and server-wide statistics), both drafting through the one ``eagle`` model.

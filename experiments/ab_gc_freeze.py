@@ -5,7 +5,7 @@ output compared. SmolLM2-135M fp32, the target on 1 torch thread, 64 tokens, def
 settings otherwise. Prompts: each workload's prompts SKIP .. SKIP + N - 1 in the
 benchmark's order (the 125th-164th are the benchmarks' held-out ones).
 
-    .venv/bin/python scripts/ab_gc_freeze.py PROMPTS_PER_WORKLOAD SKIP OUT.json [WORKLOADS]
+    .venv/bin/python experiments/ab_gc_freeze.py PROMPTS_PER_WORKLOAD SKIP OUT.json [WORKLOADS]
 
 Each setting is served by its own copy of the controller model (its own process, cost model
 and server-wide statistics); the target and eagle models are shared.

@@ -3,7 +3,7 @@ against AVX2, for plain decoding and costaware, the two widths interleaved per p
 alternating; the width switched in the same process), every output compared. SmolLM2-135M
 fp32, 1 torch thread, 64 tokens, default settings otherwise. Needs a CPU with AVX-512F.
 
-    .venv/bin/python scripts/ab_panel_isa.py PROMPTS_PER_WORKLOAD SEED OUT.json
+    .venv/bin/python experiments/ab_panel_isa.py PROMPTS_PER_WORKLOAD SEED OUT.json
 """
 
 import dataclasses

@@ -6,7 +6,7 @@ passes of at most PREFILL_CHUNK rows above 2 x PREFILL_CHUNK), interleaved, ``--
 times each; the first token and the hidden state of the last position must be bitwise
 equal. Prints and writes a table (markdown + JSON) and a plot of time to first token.
 
-    .venv/bin/python scripts/ab_prefill_passes.py --threads 1 --out docs/benchmarks/engine/prefill-passes
+    .venv/bin/python experiments/ab_prefill_passes.py --threads 1 --out docs/benchmarks/engine/prefill-passes
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 Eagle pulled blind (the default), the two interleaved per prompt (order alternating), every
 output compared. SmolLM2-135M fp32, 1 torch thread, 64 tokens, default settings otherwise.
 
-    .venv/bin/python scripts/ab_previews.py PROMPTS_PER_WORKLOAD SEED OUT.json
+    .venv/bin/python experiments/ab_previews.py PROMPTS_PER_WORKLOAD SEED OUT.json
 """
 
 import dataclasses

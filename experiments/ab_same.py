@@ -3,7 +3,7 @@ as the A/B scripts run two settings, to show how far two identical settings diff
 machine (the noise floor an A/B's per-workload figures must clear). SmolLM2-135M fp32, 1
 torch thread, 64 tokens, default settings.
 
-    .venv/bin/python scripts/ab_same.py PROMPTS_PER_WORKLOAD SKIP OUT.json
+    .venv/bin/python experiments/ab_same.py PROMPTS_PER_WORKLOAD SKIP OUT.json
 """
 
 import dataclasses

@@ -7,7 +7,7 @@
 # Single stream: `banditspec bench --through-triton`, 6 code prompts, 64 tokens, 1 thread;
 # the per-step gap between the controller's verify time and the target's own compute is printed.
 # Concurrency: `banditspec bench-concurrency` (pld at gamma 0 and 3).
-#     bash scripts/ab_verify_gather.sh OUT [single|concurrency]
+#     bash experiments/ab_verify_gather.sh OUT [single|concurrency]
 set -euo pipefail
 OUT=${1:?output folder}; WHAT=${2:-single}
 cd "$(dirname "$0")/.." && source .venv/bin/activate && mkdir -p "$OUT"

@@ -6,7 +6,7 @@ computes). Per step: (the request's wall time - the target's sleeps) / steps. Se
 interleaved per trace (order alternating), each with its own decoder (own server-wide
 statistics and cost model).
 
-    .venv/bin/python scripts/controller_critical_path.py TRACES.jsonl N [WAIT_MS] [SETTING ...]
+    .venv/bin/python experiments/controller_critical_path.py TRACES.jsonl N [WAIT_MS] [SETTING ...]
 
 TRACES.jsonl: `banditspec replay`'s recorded traces (the cache's traces/ folder); N: how many;
 WAIT_MS: the target's simulated call (default 25); SETTING: POLICY[/BOOKKEEPING], e.g.

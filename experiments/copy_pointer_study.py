@@ -3,8 +3,8 @@ without ``copy``, the copy pointer's n-gram 1 / 2 / 3, and, beside it, the defau
 ``rest`` or less ``eagle`` (decode speed over plain decoding, the verify-cost surface given;
 traces as ``banditspec replay`` records them, cached).
 
-    .venv/bin/python scripts/copy_pointer_study.py OUT.md [replay options: --prompts 40
-        [--skip 40] | --prompts-file F] --surface docs/benchmarks/engine/surface-zen5-avx512/engine_surface.json
+    .venv/bin/python experiments/copy_pointer_study.py OUT.md [replay options: --prompts 40
+        [--skip 40] | --prompts-file F] --surface docs/benchmarks/engine/surface-xeon-avx512/engine_surface.json
 """
 
 import argparse

@@ -2,7 +2,7 @@
 each drafter's calls timed with perf_counter wrappers (inclusive times: a caller's figure
 contains its callees'), in process, default settings, 64 tokens, 1 torch thread.
 
-    .venv/bin/python scripts/costaware_overhead.py PROMPTS_PER_WORKLOAD SKIP OUT.md [WORKLOADS]
+    .venv/bin/python experiments/costaware_overhead.py PROMPTS_PER_WORKLOAD SKIP OUT.md [WORKLOADS]
 
 Prompts: each workload's SKIP .. SKIP + N - 1 (WORKLOADS, comma-separated; default
 code,code-edit,chat). The wrappers add

@@ -11,7 +11,7 @@ per row as the engine runs it, the screen's time, how many candidates the bound 
 whether the candidates' argmax equals the full head's on every row. A measurement for
 planning, not a kernel: the exact recheck must reproduce the full GEMV's arithmetic bitwise.
 
-    .venv/bin/python scripts/lm_head_screen_study.py [PROMPTS]
+    .venv/bin/python experiments/lm_head_screen_study.py [PROMPTS]
 """
 
 import sys

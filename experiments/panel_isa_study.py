@@ -2,7 +2,7 @@
 kernel's width switched step by step in the decoding loop and round by round for prefills,
 so the machine's drift hits both alike).
 
-    .venv/bin/python scripts/panel_isa_study.py OUT_DIR [--threads N] [--rounds R]
+    .venv/bin/python experiments/panel_isa_study.py OUT_DIR [--threads N] [--rounds R]
 
 Measures, on SmolLM2-135M with the default "fast" kernels:
 - verify cost in a decoding loop: a 300-token prompt, then steps feeding k new tokens

@@ -1,7 +1,7 @@
-"""Draw A/B runs (the JSON files scripts/ab_common.report writes): for each run, tokens/s of
+"""Draw A/B runs (the JSON files experiments/ab_common.report writes): for each run, tokens/s of
 FIRST over SECOND per workload and pooled, as grouped bars around 1.0.
 
-    .venv/bin/python scripts/plot_ab.py FIRST SECOND OUT.png LABEL=RUN.json [LABEL=RUN.json ...]
+    .venv/bin/python experiments/plot_ab.py FIRST SECOND OUT.png LABEL=RUN.json [LABEL=RUN.json ...]
 """
 
 import json

@@ -4,7 +4,7 @@ in each of 2000 paired-bootstrap resamples of the prompts: a 90 % interval) and 
 per-prompt oracle of the fixed arms; overall and decode only (each request's first step left
 out).
 
-    .venv/bin/python scripts/pooled_summary.py RESULTS.json [METHOD [FIXED,ARMS]]
+    .venv/bin/python experiments/pooled_summary.py RESULTS.json [METHOD [FIXED,ARMS]]
 """
 
 import collections

@@ -17,7 +17,7 @@ has produced before the round):
   prevm   what the drafter's proposal at the previous round got right so far (0-3 tokens, and
           whether all the tokens since)
 
-    .venv/bin/python scripts/replay_feature_study.py --prompts 40 [--skip 40] [--surface FILE]
+    .venv/bin/python experiments/replay_feature_study.py --prompts 40 [--skip 40] [--surface FILE]
 
 Cheap drafters only (pld, suffix, rest); decode cost from the verify-cost surface.
 """

@@ -5,7 +5,7 @@ of the cheap drafters' proposals (pld, suffix, rest) in one forward: their chain
 into a token trie, each node attending to its ancestors only, and the round keeps the
 longest path the target accepts. This study prices that with the measured verify-cost
 surface (a tree of N nodes costs what a chain of N tokens costs: the same rows) and the
-same acceptance tables as ``scripts/replay_feature_study.py`` (costaware's context, fitted
+same acceptance tables as ``experiments/replay_feature_study.py`` (costaware's context, fitted
 offline with 2-fold cross-fitting).
 
 Choice per round: a node's probability of being on the accepted path is the product of
@@ -16,8 +16,8 @@ probable nodes (closed under ancestors; N = 0 is plain decoding) that maximise
 (1 + that sum) / verify cost(1 + N). The chain row is the feature study's ``base``
 policy (one drafter's chain, the same tables).
 
-    .venv/bin/python scripts/replay_tree_study.py --prompts 40 [--skip 40] \\
-        --surface docs/benchmarks/engine/surface-k17/engine_surface.json
+    .venv/bin/python experiments/replay_tree_study.py --prompts 40 [--skip 40] \\
+        --surface SURFACE.json   # banditspec bench-engine --contexts ... --ks 1,...,17
 """
 
 from __future__ import annotations

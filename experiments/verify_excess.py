@@ -5,7 +5,7 @@ method's step on the same prompt, at the same draft length, nearest in generated
 variables). A step's verify time is what the controller waits on the target call
 (``verify_ms``), so an excess there is not the controller's own arithmetic.
 
-    .venv/bin/python scripts/verify_excess.py RESULTS.json [METHOD [OTHER,METHODS [WINDOW]]]
+    .venv/bin/python experiments/verify_excess.py RESULTS.json [METHOD [OTHER,METHODS [WINDOW]]]
 """
 
 import collections

@@ -6,7 +6,7 @@ replayed from that output (greedy output does not depend on the drafter) with th
 hidden states of one forward pass. A real speculative loop at the largest gamma checks, on
 the first prompts, that its output equals plain greedy decoding.
 
-    .venv/bin/python engine_build/eagle/bench_eagle.py [--chat 10 --code 10 --max-new-tokens 96]
+    .venv/bin/python experiments/eagle/bench_eagle.py [--chat 10 --code 10 --max-new-tokens 96]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the same prompts for every method, methods rotated per prompt so that drift hits
 Every output is checked against plain decoding's. Writes results.md, results.json and
 results.png to --out.
 
-    .venv/bin/python engine_build/eagle/bench_previews.py [--prompts 12 --workloads code,code-edit,chat,mixed]
+    .venv/bin/python experiments/eagle/bench_previews.py [--prompts 12 --workloads code,code-edit,chat,mixed]
 """
 
 from __future__ import annotations

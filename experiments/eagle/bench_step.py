@@ -7,7 +7,7 @@ one drafted token; T = 2-5: a round's catch-up), both runners interleaved, media
 forward does between two of the head's calls in serving (the head's weights are then read
 from memory again). Same outputs either way (tests/unit/test_eagle.py).
 
-    .venv/bin/python engine_build/eagle/bench_step.py [--repeats 40] [--pairs 1 4 16]
+    .venv/bin/python experiments/eagle/bench_step.py [--repeats 40] [--pairs 1 4 16]
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ random around the mean gap, the same draws for every W). Reported per (G, W): th
 accepted tokens per pull (a declined pull counts 0), the share of pulls declined, and the
 median and mean milliseconds of a pull (catch-up + drafting), on 1 thread.
 
-    .venv/bin/python engine_build/eagle/catchup_window_study.py \\
-        --prompts-file docs/benchmarks/triton-heldout-mixed-128/prompts.jsonl --max-tokens 128 \\
+    .venv/bin/python experiments/eagle/catchup_window_study.py \\
+        --prompts-file docs/benchmarks/prompts/heldout-mixed-128.jsonl --max-tokens 128 \\
         --gaps 4,16,48 --windows none,7,16,32 --out docs/eagle/catchup-window
 """
 

@@ -15,9 +15,9 @@ the target per draft step (the trained weights go to the cache folder,
 ``eagle3-depth-study/``). Nothing here is served: a deeper head would need the drafter's
 step (and its native kernel) to run the extra layers.
 
-    .venv/bin/python engine_build/eagle/depth_study.py [--epochs 1] [--extra-layers 1]
+    .venv/bin/python experiments/eagle/depth_study.py [--epochs 1] [--extra-layers 1]
         [--study-out docs/eagle/depth-study.json]   # --mat: replay the saved heads instead
-    .venv/bin/python engine_build/eagle/depth_study.py --mat --heads A.safetensors B.safetensors \
+    .venv/bin/python experiments/eagle/depth_study.py --mat --heads A.safetensors B.safetensors \
         --mat-skip 24 --mat-prompts 48 --mat-code 0 --mat-gammas 4 --mat-out F.json
         # the same replay of any heads save_head3 wrote (the build's, variant_study.py's two-layers)
 """

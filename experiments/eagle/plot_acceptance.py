@@ -1,6 +1,6 @@
 """Draw mean accepted tokens per target step against γ for several bench_eagle.py results.
 
-    .venv/bin/python engine_build/eagle/plot_acceptance.py OUT.png LABEL=acceptance.json [LABEL=...]
+    .venv/bin/python experiments/eagle/plot_acceptance.py OUT.png LABEL=acceptance.json [LABEL=...]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ a sweep of preview costs (a previewed pull costs only its drafting, the catch-up
 preview's). Costs are in units of a one-token verify. Prompts, recording and cache are
 ``banditspec replay``'s (same options); prints a markdown table of tokens/s relative to blind.
 
-    .venv/bin/python engine_build/eagle/replay_previews.py --workloads code,code-edit,chat --prompts 40 \\
+    .venv/bin/python experiments/eagle/replay_previews.py --workloads code,code-edit,chat --prompts 40 \\
         --max-tokens 64 --drafters pld,suffix,rest,eagle
 """
 

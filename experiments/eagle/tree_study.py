@@ -27,7 +27,7 @@ the predicted speed-up over plain decoding = tokens / sum of the steps' relative
 (the same costs; plain decoding costs 1 per token). Predictions, not wall clock: the replay
 of chains has run ~15-20 % optimistic against the loop (README, "Confidence cut-off").
 
-    .venv/bin/python engine_build/eagle/tree_study.py [--chat 12 --code 12] [--weights eagle1|eagle3]
+    .venv/bin/python experiments/eagle/tree_study.py [--chat 12 --code 12] [--weights eagle1|eagle3]
         [--out docs/eagle/tree-study.json]
 """
 
@@ -54,7 +54,8 @@ from banditspec_train.eagle.evaluate import greedy_speculative, target_features
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_eagle import chat_prompts, code_prompts  # noqa: E402
 
-SURFACE = REPO_ROOT / "docs" / "benchmarks" / "engine" / "surface-k17" / "engine_surface.json"
+# A verify surface with k up to 17 (1 + the largest tree):
+#     banditspec bench-engine --kernels fast --threads 1 --contexts 64,300,700,1024,1536 --ks 1,2,...,17 --out DIR
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def main() -> int:
     parser.add_argument("--chat", type=int, default=12)
     parser.add_argument("--code", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--surface", type=Path, default=SURFACE)
+    parser.add_argument("--surface", type=Path, required=True, help="bench-engine's engine_surface.json, k up to 17")
     parser.add_argument("--level-cost", type=float, default=0.03,
                         help="a chain's head cost per drafted token, in one-token verifies (README: ~2 ms / ~60 ms)")
     parser.add_argument("--tree-level-cost", type=float, default=0.06,

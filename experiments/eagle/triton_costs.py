@@ -6,7 +6,7 @@ policy, one request at a time, rotating the policy order per prompt, and reads T
 per-model counters (`nv_inference_count`, `nv_inference_compute_infer_duration_us`) before
 and after each request. Greedy outputs are checked equal across policies.
 
-    .venv/bin/python engine_build/eagle/triton_costs.py [--prompts 6 --max-tokens 96]
+    .venv/bin/python experiments/eagle/triton_costs.py [--prompts 6 --max-tokens 96]
         [--out docs/eagle/triton_costs.json]
 """
 

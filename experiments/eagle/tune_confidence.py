@@ -7,7 +7,7 @@ of 1 + d tokens over a cached prompt (d = 0..L drafts, interleaved, median), plu
 cost per draft step. Predicted tokens/s = tokens / sum over steps of (verify(d) + draft
 steps x draft cost), reported against plain decoding (verify(0) per token).
 
-    .venv/bin/python engine_build/eagle/tune_confidence.py [--chat 10 --code 10]
+    .venv/bin/python experiments/eagle/tune_confidence.py [--chat 10 --code 10]
         [--thresholds 0,0.1,0.2,0.3,0.4,0.5] [--out docs/eagle/confidence.json]
 """
 

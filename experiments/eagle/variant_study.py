@@ -27,7 +27,7 @@ a random init, so add ``--warm-start-layer -1`` to rerun them as they ran.
 Each run writes the head and its JSON where ``--out`` says (by default
 ``.cache/banditspec/variants/VARIANT.safetensors``, never the shipped file) and prints the metrics; compare with ``bench_eagle.py --weights``.
 
-    .venv/bin/python engine_build/eagle/variant_study.py --variant dropout --warm-start-layer -1 \\
+    .venv/bin/python experiments/eagle/variant_study.py --variant dropout --warm-start-layer -1 \\
         --out .cache/banditspec/variants/dropout.safetensors --plot .cache/banditspec/variants/dropout.png
 """
 
@@ -86,7 +86,7 @@ def deeper_head(head: Eagle3Head, target_model, warm_start_layer: int | None):
 
 
 def _depth_study():
-    """engine_build/eagle/depth_study.py, imported from this folder."""
+    """experiments/eagle/depth_study.py, imported from this folder."""
     here = str(Path(__file__).resolve().parent)
     if here not in sys.path:
         sys.path.insert(0, here)

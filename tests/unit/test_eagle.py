@@ -311,7 +311,7 @@ def test_int8_drafting_keeps_the_heads_choices_close_and_the_loop_lossless(tiny)
         cosines.append(float(torch.nn.functional.cosine_similarity(states[0].reshape(-1), states[1].reshape(-1), dim=0)))
         agree += int(logits[0].argmax() == logits[1].argmax())
     # a random head with large weights amplifies the error; the real head's acceptance in int8
-    # is benchmarked (engine_build/eagle/bench_eagle.py --precision)
+    # is benchmarked (experiments/eagle/bench_eagle.py --precision)
     assert float(np.median(cosines)) > 0.99 and agree >= 5
     plain = greedy_speculative(tiny, int8, prompt, gamma=0, max_new_tokens=24, eos_id=None)
     spec = greedy_speculative(tiny, int8, prompt, gamma=4, max_new_tokens=24, eos_id=None)

@@ -1,4 +1,4 @@
-"""The EAGLE-3 training variants of engine_build/eagle/variant_study.py do what the README says
+"""The EAGLE-3 training variants of experiments/eagle/variant_study.py do what the README says
 they did: dropout off is the served objective, the 4th fused feature is the only difference in
 the last-state loss, and installing a variant patches only what it names. The build's warm start
 (``--warm-start-layer``) copies the named target layer and starts g at the highest captured layer.
@@ -22,7 +22,7 @@ from banditspec_train.eagle.train import collate
 from .test_eagle3 import LAYERS, feature_set, target  # noqa: F401  (the fixture)
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("variant_study", REPO / "engine_build" / "eagle" / "variant_study.py")
+_spec = importlib.util.spec_from_file_location("variant_study", REPO / "experiments" / "eagle" / "variant_study.py")
 assert _spec is not None and _spec.loader is not None
 variant_study = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(variant_study)

@@ -47,7 +47,7 @@ def head_weights(name: str = "") -> Path:
     return HEADS[name] if name else DEFAULT_WEIGHTS
 
 
-# see EagleDrafter; chosen by engine_build/eagle/tune_confidence.py (README there). A head's
+# see EagleDrafter; chosen by experiments/eagle/tune_confidence.py (README there). A head's
 # JSON may carry its own tuned "min_confidence", which then wins.
 DEFAULT_MIN_CONFIDENCE = 0.4
 # The head drafts with int8 weights (per output row, fbgemm's dynamic linear): a drafted token

@@ -37,7 +37,7 @@ def unrolled_states(head: Eagle3Head, embeddings: torch.Tensor, aux: torch.Tenso
     embeddings: E[x_{i+1}] [B, N, H]; aux: a_i [B, N, k * H]. Element i of step s predicts
     x_{i+2} when it is the s-th draft token made from position i - s + 1 (valid for i >= s - 1).
     ``dropout``: on g = fc(a) and both residual branches of the layer while the head trains
-    (engine_build/eagle/variant_study.py; the build trains without).
+    (experiments/eagle/variant_study.py; the build trains without).
     """
     drop = dropout if head.training else 0.0
     n = aux.shape[1]
