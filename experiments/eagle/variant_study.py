@@ -1,28 +1,25 @@
 """Training variants of the EAGLE-3 head that the build does not offer as options, each trained
 with the shipped recipe otherwise (every ``banditspec build eagle`` option applies), so that the
-README's comparisons can be rerun from main:
+comparisons in docs/benchmarks/history.md can be rerun:
 
 - ``dropout``: dropout ``--dropout`` (0.1) on the fused features g = fc(a) and on both residual
-  branches of the midlayer while training; evaluation and serving see the unchanged head
-  (thirty-sixth session).
+  branches of the midlayer while training; evaluation and serving see the unchanged head.
 - ``mlp-width``: the midlayer's MLP ``--intermediate-size`` wide (3072 against the target's
-  1536); the native drafting step takes the width as a parameter (thirty-sixth session).
+  1536); the native drafting step takes the width as a parameter.
 - ``last-state``: the target's post-norm last hidden state (already in every cached feature
   row, the teacher's input) as a 4th fused feature, fc 2304 -> 576. A study only: serving would
-  need the target to return that state with the layers (thirty-fifth session).
+  need the target to return that state with the layers.
 - ``frozen-output``: the head's LM head and final norm stay at their initial values, the
-  target's rows of the draft vocabulary and its final norm (4.7 M fewer trained parameters;
-  prepared in the thirty-sixth session, screened for one epoch in the thirty-eighth).
+  target's rows of the draft vocabulary and its final norm (4.7 M fewer trained parameters).
 - ``two-layers``: ``depth_study.py``'s second decoder layer (the target's own form: q/k/v
   read the state alone, keys per unrolled step) after the head's layer; the head's state s is
   its output. With the warm start it starts as the target layer after the head's (28 for
   SmolLM2), without it as the identity. A study only: the served drafter, its native step and
-  upstream's EAGLE-3 layout have one layer; ``depth_study.py --mat --heads`` replays it
-  (thirty-eighth session).
+  upstream's EAGLE-3 layout have one layer; ``depth_study.py --mat --heads`` replays it.
 
-A warm start from a target layer (thirty-seventh session) is a build option instead, and the
-default since: ``--warm-start-layer``. The earlier sessions' runs of these variants started from
-a random init, so add ``--warm-start-layer -1`` to rerun them as they ran.
+A warm start from a target layer is a build option instead, and the default:
+``--warm-start-layer``. The dropout, MLP-width and last-state runs started from a random init,
+so add ``--warm-start-layer -1`` to rerun them as they ran.
 
 Each run writes the head and its JSON where ``--out`` says (by default
 ``.cache/banditspec/variants/VARIANT.safetensors``, never the shipped file) and prints the metrics; compare with ``bench_eagle.py --weights``.
@@ -158,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO)
     print(f"variant {args.variant}", flush=True)
-    install(args)  # until the thirty-eighth session main forgot this: every variant ran the build's recipe
+    install(args)  # without this every variant would run the build's own recipe
     return train.run(args)
 
 

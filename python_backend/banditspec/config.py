@@ -18,7 +18,7 @@ VANILLA_ARM = "vanilla"
 MAX_SPECULATION_LENGTH = 16  # upper bound for L (TensorRT-LLM engines are built with max_draft_len <= this)
 # The L a request gets when it names none. The default controller chooses gamma per round
 # (0..L), so L is only its ceiling: with the flat verify curve of the panel kernels, a long
-# copy (code edits) pays up to 8 tokens a round (docs/benchmarks/README.md, "sixth session").
+# copy (code edits) pays up to 8 tokens a round.
 DEFAULT_MAX_DRAFT_LEN = 8
 # The one default policy: cost-aware, full-information, warm-started. Every policy name, and
 # what a policy string and an arm list turn into, is in banditspec.bandits.registry.

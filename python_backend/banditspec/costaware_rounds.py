@@ -4,9 +4,7 @@ scoring of every proposal once the target's tokens at its positions are known.
 
 Cheap drafters (PLD, suffix) propose every round; a lazy cheap drafter (REST, whose lookup
 costs several times theirs) proposes when its most favourable context could beat what the
-others offer (a bound, like a preview's below; in the replay over 120 and 180 prompts this
-skipped ~27 % of REST's lookups, and the choices came out slightly better too, +0.1-1.2 %
-tokens/s by workload); a costly drafter (Eagle, a
+others offer (a bound, like a preview's below); a costly drafter (Eagle, a
 draft engine) proposes only when chosen, and its time is measured into the server-wide cost
 model. A costly drafter that previews (``previews``: Eagle in process) shows every round
 the first token it would draft and its confidence: that confidence is its context, a round

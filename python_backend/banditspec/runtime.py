@@ -29,8 +29,7 @@ def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int
     target's states as the loop does when a drafter reads them, so the engine extends its
     cached positions in place. A call that diverged from what the engine holds (the same
     prefix with another tail every time, as calibration once did) also times a copy of the
-    whole cache (engine/kv_buffer.py): measured here, 30-40 ms against the loop's 22-24 ms
-    for one token after ~300, which priced every length too high, too noisily, and for
+    whole cache (engine/kv_buffer.py), which would price every length too high, too noisily, and for
     the lifetime of the cells nothing else fills (short contexts, lengths seldom chosen)."""
     import numpy as np
 

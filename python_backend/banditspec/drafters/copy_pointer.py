@@ -16,12 +16,11 @@ prompt, both may jump to another place. This drafter follows the copy instead:
   positions after it, kept as tokens arrive); the pointer goes to the first occurrence past
   the last position copied (the copy goes on forward), else to the first occurrence.
 
-Replayed over the project's traces as one more arm of costaware (docs/benchmarks,
-seventeenth session): code-edit +6-7 % decode speed, code +4-5 %, chat within +-0.6 %, on
-tuning, held-out and unseen prompts alike; ``ngram`` 2 replayed better than 1 or 3, and
-neither a window around the broken copy nor a guess during an edit (that it replaced as many
-tokens as it produced) added anything, so neither is here. As a fixed arm alone it is weaker
-than suffix: its value is in what it adds to the others.
+As a fixed arm alone it is weaker than suffix: its value is in what it adds to costaware's
+other arms, mostly on code edits (experiments/copy_pointer_study.py replays it with and without;
+``ngram`` 2 replays better than 1 or 3). Neither a window around the broken copy nor a guess
+during an edit (that it replaced as many tokens as it produced) added anything, so neither is
+here.
 
 Costs: observing a token is O(1) while copying, a dictionary append and a binary search
 over the tail n-gram's occurrences otherwise; a proposal is one slice.

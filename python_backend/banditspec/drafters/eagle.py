@@ -34,9 +34,9 @@ from banditspec.eagle.probe import FirstTokenProbe, head_probe
 from banditspec.errors import BanditSpecValidationError
 from banditspec.serving_config import EAGLE_HEADS, check_eagle_head
 
-# The served head. The EAGLE-3 head ships too, but measured side by side on the same held-out
-# prompts it accepts no more than the EAGLE-1 head (engine_build/eagle/README.md, "Results"),
-# so EAGLE-1 stays the default until a better-trained EAGLE-3 head beats it.
+# The served head. The EAGLE-3 head ships too and accepts more tokens a step, but as
+# costaware's arm its dearer pulls earn no more than EAGLE-1's (docs/eagle.md), so EAGLE-1
+# stays the default until an EAGLE-3 head beats it there.
 DEFAULT_WEIGHTS = EAGLE1_WEIGHTS
 HEADS = dict(zip(EAGLE_HEADS, (EAGLE1_WEIGHTS, EAGLE3_WEIGHTS)))
 
@@ -47,37 +47,32 @@ def head_weights(name: str = "") -> Path:
     return HEADS[name] if name else DEFAULT_WEIGHTS
 
 
-# see EagleDrafter; chosen by experiments/eagle/tune_confidence.py (README there). A head's
-# JSON may carry its own tuned "min_confidence", which then wins.
+# see EagleDrafter; chosen by experiments/eagle/tune_confidence.py. A head's JSON may carry
+# its own tuned "min_confidence", which then wins.
 DEFAULT_MIN_CONFIDENCE = 0.4
 # The head drafts with int8 weights (per output row, fbgemm's dynamic linear): a drafted token
-# streams ~4x fewer bytes (measured here: LM-head rows 2.0 -> 0.25 ms). Drafts are verified, so
-# the head's precision changes only which tokens are proposed, never the output; its acceptance
-# against fp32 is measured in engine_build/eagle/README.md ("int8 drafting"). EAGLE-3's feature
-# projection ``fc`` stays fp32 (EagleDrafter.__init__).
+# streams ~4x fewer bytes. Drafts are verified, so the head's precision changes only which
+# tokens are proposed, never the output (experiments/eagle/bench_eagle.py --precision compares
+# acceptance). EAGLE-3's feature projection ``fc`` stays fp32 (EagleDrafter.__init__).
 DEFAULT_INT8 = True
 # The head reads at most this many of the prompt's latest positions: feeding it a whole prompt
-# cost ~20 ms on a 300-token prompt here, a fifth of what the arm spent drafting on code, while
-# the head's attention is mostly local (acceptance with and without the window:
-# engine_build/eagle/README.md). The target is asked for those states only, so a cached prompt
-# prefix is reused up to the window. None: the whole prompt.
+# costs a head forward over every prompt position on the first pull, while the head's attention
+# is mostly local, so acceptance does not change. The target is asked for those states only, so
+# a cached prompt prefix is reused up to the window. None: the whole prompt.
 DEFAULT_PROMPT_WINDOW: int | None = 64
 # When a session is asked to draft with more than this many real pairs not yet fed to the head
 # (costaware pulls the head in a few rounds out of many, so the pairs of every round since pile
 # up), it starts its cache afresh on the latest ones instead: the same relative-rope argument as
-# the prompt window, and a catch-up of at most this many pairs (engine_build/eagle/README.md,
-# "A window on the catch-up": a 48-token gap's pull 2.07 -> 1.37 ms, acceptance unchanged).
-# None: feed every pair.
+# the prompt window, and a catch-up of at most this many pairs, so a late pull stays cheap with
+# acceptance unchanged (experiments/eagle/catchup_window_study.py). None: feed every pair.
 DEFAULT_CATCHUP_WINDOW: int | None = 16
 # Whether the costaware controller asks the head for a preview (its first token and its
 # probability) every round, and so chooses it with its confidence as context, never pulls it
-# to see it decline, and learns its first token's acceptance every round. Off by default:
-# measured side by side (docs/benchmarks/README.md, "ninth session"), a preview costs ~4 ms
-# a round here (the head's catch-up plus its LM head, weights cold after a target forward),
-# about what the better choices gain with this head; pulled blind, the head costs only in
-# the rounds that choose it. With the native step (eleventh session) a preview costs ~2.7 ms
-# and previews still ran at 0.98x blind over 48 new prompts (engine_build/eagle/README.md).
-# Sessions offer preview() either way.
+# to see it decline, and learns its first token's acceptance every round. Off by default: a
+# preview costs the head's catch-up plus its LM head every round (weights cold after a target
+# forward), about what the better choices gain with these heads; pulled blind, the head costs
+# only in the rounds that choose it (experiments/ab_previews.py). Sessions offer preview()
+# either way.
 DEFAULT_PREVIEWS = False
 
 
@@ -165,7 +160,7 @@ class EagleDrafter:
         # input with one scale, and fc's input is the target's layers side by side, whose
         # magnitudes differ by ~500x (layer 26's outlier channels reach ~480, layer 1's typical
         # value is ~0.8), so int8 rounds most of the low layer to zero; with fc in fp32 the head
-        # accepts what it accepts in fp32 (engine_build/eagle/README.md, "fc in fp32"). It runs
+        # accepts what it accepts in fp32. It runs
         # on the real pairs of a catch-up only, never per drafted token.
         self._project: torch.nn.Module | None = None
         self._lm_head: torch.nn.Module | None = None

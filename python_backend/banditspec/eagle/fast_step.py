@@ -3,9 +3,8 @@
 Same math as :meth:`banditspec.eagle.head.EagleHead.step` (EAGLE-1) and
 :meth:`banditspec.eagle.head3.Eagle3Head.step` (EAGLE-3: q/k/v straight from the two normed
 inputs, the residual over the hidden input, no output norm); what differs is only how it is
-run, because at one to a few positions per call the head's cost was mostly per-op overhead
-(~60 small ops for a 4.5 M-parameter layer: ~0.9 ms a token here, as much as a target
-layer):
+run, because at one to a few positions per call the head's cost is mostly per-op overhead
+(~60 small ops for a 4.5 M-parameter layer, as much time as a target layer):
 
 * q, k and v are one linear, gate and up another (fused weights);
 * the rope table is computed once per drafter, not per call;
@@ -16,9 +15,8 @@ layer):
 
 With int8 weights and the engine's C kernels (``engine/kernels/panel_gemm.c``,
 ``bs_eagle_step``) the whole step is one native call instead: a head call comes right after a
-target forward has evicted the caches, and then each of the ~25 torch ops paid its own misses
-(dispatcher, kernel code, fbgemm's packed-weight metadata), ~2.7 ms a one-pair step in
-costaware's loop here. Same math with the weights quantized the same way (per output row);
+target forward has evicted the caches, and then each of the ~25 torch ops would pay its own
+misses (dispatcher, kernel code, fbgemm's packed-weight metadata). Same math with the weights quantized the same way (per output row);
 the activations stay fp32 (fbgemm quantized them per call), so it is a little closer to fp32.
 
 Drafting writes speculative entries past the real ones and then forgets them by moving the
@@ -42,11 +40,9 @@ from banditspec.engine.panel_kernel import PanelInt8Linear, float_rows
 # Steps over at most this many pairs run natively; longer ones (a request's first call, a
 # catch-up after many rounds without the head) through torch: the native kernel keeps the
 # activations in fp32 and costs more per further pair than fbgemm's int8 GEMM. Where torch
-# starts to win depends on the CPU: from ~5 pairs on the 2-core Zen 3 (AVX2) VM of the
-# eleventh session; from ~8 on the Zen 5 (AVX-512) VMs since, cold, 128 pairs cached
-# (`bench_step.py --pairs ...`; shipped EAGLE-1 head: 5 / 6 / 8 pairs 0.93 / 0.98 / 1.17 ms
-# native against 1.24 / 1.14 / 1.17 through torch; EAGLE-3 head: 7 pairs 1.09 against 1.32).
-# 7: a catch-up after two or three rounds without the head stays native.
+# starts to win depends on the CPU (between ~5 and ~8 pairs on the CPUs tried;
+# experiments/eagle/bench_step.py --pairs measures it). 7: a catch-up after two or three
+# rounds without the head stays native.
 NATIVE_MAX_PAIRS = 7
 
 

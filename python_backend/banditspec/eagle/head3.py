@@ -19,7 +19,7 @@ vocabulary; ``draft_vocab`` (int64 [K]) maps a draft index d to the target id
 
 Parameter names follow upstream EAGLE-3 checkpoints (``fc``, ``midlayer.*``, ``norm``,
 ``lm_head``), so ``banditspec_train.eagle.export`` writes a checkpoint in that layout without renaming
-logic elsewhere (engine_build/eagle/README.md, "EAGLE-3 checkpoint").
+logic elsewhere (docs/eagle.md, "Upstream checkpoint").
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A head's first-token probe: whether pulling the Eagle head now would pay, without calling it.
 
 The costaware controller pulls the Eagle arm blind (a preview costs a head call: the
-catch-up on new target features plus an LM-head scoring, ~1.3 ms here with the weights cold
-after a target forward, ~2.9 ms through Triton with the BLS round trip), and most pulls decline
+catch-up on new target features plus an LM-head scoring with the weights cold after a target
+forward, and through Triton a BLS round trip too), and most pulls decline
 (the head's first token is below its confidence cut-off). The probe answers from what the
 controller already holds: the target's feature at the last position (the state that produced
 the token the target just emitted, the head's next input), through one logistic regression:

@@ -1,9 +1,8 @@
 """Concurrent sequences' verification steps leave the controller as ONE call.
 
-Through Triton every sequence's step used to be its own BLS request, and the target's
-dynamic batcher held each one up to ``max_queue_delay_microseconds`` (2 ms) hoping for
-company. A lone sequence paid that delay on every step (~7 % of a step on a CPU), and the
-batcher could not know whether company was coming. The controller does know: it counts
+Were every sequence's step its own BLS request, the target's dynamic batcher would hold each
+one up to ``max_queue_delay_microseconds`` hoping for company: a lone sequence would pay that
+delay on every step, and the batcher cannot know whether company is coming. The controller does know: it counts
 the sequences in flight. :class:`VerifyGatherer` waits for the sequences that are still
 drafting, and only for them:
 
@@ -14,8 +13,8 @@ drafting, and only for them:
 * while a call of this gatherer is at the target, a step goes at once: it would only queue
   behind that call, and the target's batcher (no delay) merges what queued when it frees,
   so the target never idles while steps are waiting (holding such steps in the controller
-  for the busy call's members, a first version, ran 11-18 % below the batcher's delay at 8
-  streams: docs/benchmarks, nineteenth session).
+  for the busy call's members instead ran slower than the batcher's delay at 8 streams;
+  experiments/ab_verify_gather.sh compares the paths).
 
 The group goes out through ``inner.verify`` (e.g. :class:`~banditspec.engine.tensor_codec.TensorEngine`
 with ``max_rows`` > 1: one request of N rows). If that call fails, each member is retried

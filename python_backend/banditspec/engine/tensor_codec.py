@@ -297,8 +297,8 @@ def _optional_int(tensors: Mapping[str, np.ndarray], name: str) -> int | None:
 
 
 def restore_end_id(answer: Mapping[str, np.ndarray], requested: int, end_id: int) -> Tensors:
-    """TensorRT-LLM stops at ``end_id`` but leaves it out of ``output_ids`` (NVIDIA/TensorRT-LLM
-    issue 2190: "expected behavior"). Its only other stop is ``request_output_len``, so an
+    """TensorRT-LLM stops at ``end_id`` but leaves it out of ``output_ids`` (upstream calls it
+    expected behavior: github.com/NVIDIA/TensorRT-LLM/issues/2190). Its only other stop is ``request_output_len``, so an
     answer shorter than ``requested`` ended at EOS: put the EOS back for the decoding loop."""
     out = np.asarray(answer["output_ids"]).reshape(-1).astype(np.int32)
     if "sequence_length" in answer:

@@ -2,15 +2,13 @@
 
 * glibc serves allocations above its mmap threshold (at most 32 MB by default) with fresh
   ``mmap`` pages and returns them on free, so every [M, K] logits buffer of a training step
-  (~64 MB) is page-faulted and zeroed by the kernel again: on this VM a 64 MB copy took 16 ms
-  that way and 5 ms from reused memory, and a training step spent ~40 % of its time in the
-  kernel. Raising the mmap and trim thresholds keeps freed memory for reuse; the process's
+  (~64 MB) is page-faulted and zeroed by the kernel again, several times slower than reusing
+  memory. Raising the mmap and trim thresholds keeps freed memory for reuse; the process's
   footprint stays at its peak, which a build can afford (serving does not call this).
 * PyTorch asks the kernel for transparent huge pages (``madvise``) under CPU buffers of >= 2 MB
   when ``THP_MEM_ALLOC_ENABLE`` is set, which it reads once, at its first buffer of that
-  size. On 4 KB pages a training step slowed over a build (TLB misses over a heap that grows
-  and scatters): 1.42 s a step on average over the default build, 0.95 s on huge pages, the
-  same weights (engine_build/eagle/README.md, thirtieth session). Self-distillation gained nothing.
+  size. On 4 KB pages a training step slows over a build (TLB misses over a heap that grows
+  and scatters); on huge pages it does not, with the same weights. Self-distillation gains nothing.
 """
 
 from __future__ import annotations

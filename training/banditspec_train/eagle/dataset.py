@@ -69,7 +69,7 @@ def training_parts(model, tokenizer, model_name: str, distill_spec: DistillSpec,
     it, fixed text), each None when not requested; each part is cached on its own. ``workers``:
     self-distillation processes (one torch thread each), see :func:`.selfdistill.distill`.
     Fixed text gets the layers of ``text_spec.aux_layers`` too, from one bf16-autocast pass
-    (the features' precision did not change what a head learns; engine_build/eagle/README.md)."""
+    (the features' precision does not change what a head learns)."""
     if parts < 1:
         raise BanditSpecValidationError("distill_parts", f"must be >= 1, got {parts}")
     distilled = more = text = None

@@ -1,8 +1,8 @@
 """Self-distillation data: the target's own greedy answers to training prompts, with features.
 
 The drafter is judged on the target's greedy output, so the head learns fastest from text of
-that distribution (measured here: at equal tokens, a head trained on the target's answers
-accepts ~20% more than one trained on ShareGPT's ChatGPT answers). Prompts are first human
+that distribution (at equal tokens, a head trained on the target's answers accepts more than
+one trained on ShareGPT's ChatGPT answers). Prompts are first human
 turns of ShareGPT TRAIN conversations (never the eval split) and "complete this function"
 requests built from Python standard-library signatures and docstrings (never HumanEval).
 
@@ -48,14 +48,13 @@ class DistillSpec:
     aux_layers: tuple[int, ...] = ()  # decoder layers whose outputs are kept too (EAGLE-3)
     # "fp32": answers and features of the fp32 target, one pass (the served target's features).
     # "bf16": answers written by a bf16 copy of the target, features from one bf16-autocast
-    # pass: 1.9x faster with AMX, but a head trained on it drafts worse on the fp32 target's
-    # answers (chat, gamma 4: 1.87 against 1.98 accepted a step; the cause is the answers' text,
-    # not the features' precision: engine_build/eagle/README.md).
+    # pass: faster with AMX, but a head trained on it drafts worse on the fp32 target's
+    # answers (the cause is the answers' text, not the features' precision).
     precision: str = "fp32"
     # Which pairs count in the loss: "text" (the user's prompt and the answer, after the
     # template's system turn: how the shipped heads were trained) or "answers" (only the tokens
     # a drafter is asked for: the answer after its first token). A build on "answers" (with more
-    # data, 2 epochs, 4 unrolled steps) drafted no better (engine_build/eagle/README.md).
+    # data, 2 epochs, 4 unrolled steps) drafted no better.
     loss_on: str = "text"
     # Which slice of the seeded prompt lists this spec answers: part k takes chat prompts
     # [k * chat_prompts, (k + 1) * chat_prompts) and code prompts likewise, so each part adds
@@ -223,10 +222,10 @@ def answer_batch(model, generator, spec: DistillSpec, prompts: list[list[int]], 
     "fp32": :func:`greedy_with_features` with the fp32 target (``generator`` unused).
     "bf16": ``generator`` (:func:`bf16_copy`) writes the answers, then one forward pass of the
     target under bf16 autocast over prompt + answer gives every feature
-    (:func:`.features.extract_features`): 1.9x faster than "fp32" on this project's AMX VM
-    (64 chat prompts, 1 thread: 23 + 7 s against 44 s); the answers are the bf16 target's,
+    (:func:`.features.extract_features`): faster than "fp32" where the CPU has AMX; the
+    answers are the bf16 target's,
     and the features differ from fp32's by 0.8 % with the same LM-head argmax at 99.5 % of
-    positions, yet a head trained on them drafts worse (engine_build/eagle/README.md)."""
+    positions, yet a head trained on them drafts worse (docs/benchmarks/history.md)."""
     aux = tuple(spec.aux_layers)
     if spec.precision == "fp32":
         return greedy_with_features(model, prompts, spec.max_new_tokens, eos_id, pad_id, aux_layers=aux)
@@ -326,7 +325,7 @@ def distill(model, tokenizer, spec: DistillSpec, shard_dir: Path | None = None,
     thread each (this one included) answer the batches, each claiming the next one when free
     (:class:`BatchQueue`). On a small CPU shared with other work, single-thread processes keep
     going where a multi-thread one stalls at every parallel region waiting for a descheduled
-    thread (measured here: 0.55 s vs 4.6 s a step)."""
+    thread."""
     import multiprocessing
 
     from tqdm import tqdm

@@ -52,7 +52,7 @@ DISTILL_PARTS = 2  # self-distilled parts a build trains on (DistillSpec.part 0,
 @dataclass(frozen=True)
 class TrainConfig:
     # 3 -> 6 epochs: held-out top-1 0.473 -> 0.507 at draft step 1; then twice the data
-    # (DISTILL_PARTS) at 3 epochs, about the same optimizer steps (engine_build/eagle/README.md)
+    # (DISTILL_PARTS) at 3 epochs, about the same optimizer steps (docs/eagle.md)
     epochs: int = 3
     batch_tokens: int = 2048
     lr: float = 2e-3
@@ -274,7 +274,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="self-distilled parts of --chat-prompts and --code-prompts prompts each, the "
                              "next ones of the same seeded lists; the validation split comes from the first "
                              "part alone, the later parts train only (2 parts at 3 epochs: held-out chat 2.015 "
-                             "against 1.946 for 1 part at 6 epochs; engine_build/eagle/README.md)")
+                             "against 1.946 for 1 part at 6 epochs; docs/eagle.md)")
     parser.add_argument("--distill-workers", type=int, default=2,
                         help="self-distillation processes of one torch thread each (one per core)")
     parser.add_argument("--text-chat-tokens", type=int, default=c.chat_tokens,
@@ -340,7 +340,7 @@ def warm_start_layer(asked: int | None, config: Eagle3Config) -> int | None:
     """The target layer the head starts from: ``asked``, or by default (None) the layer after
     the highest captured one (its output is that layer's input: 27 for SmolLM2's {1, 14, 26}),
     which held-out chat preferred to a random init by 1.946 to 1.818 accepted tokens a step
-    at gamma 4 (engine_build/eagle/README.md, thirty-seventh session); -1: no warm start."""
+    at gamma 4; -1: no warm start."""
     if asked is None:
         return config.aux_layers[-1] + 1  # a captured layer is at most the last but one
     return None if asked < 0 else asked

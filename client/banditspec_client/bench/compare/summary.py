@@ -214,7 +214,7 @@ def summarize(records: Sequence[RunRecord], methods: Sequence[str], clock: str =
 
 
 # -- targets ---------------------------------------------------------------------------
-# issue 12's goals: >= plain decoding and >= the best fixed arm everywhere, +5 % on mixed,
+# the goals: >= plain decoding and >= the best fixed arm everywhere, +5 % on mixed,
 # >= 95 % of the per-prompt oracle
 MIXED_MARGIN, PER_WORKLOAD_SHARE, ORACLE_SHARE = 1.05, 1.00, 0.95
 

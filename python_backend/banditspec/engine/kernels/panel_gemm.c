@@ -233,10 +233,8 @@ __attribute__((target("avx2,fma"))) static void avx2_block(
  * pass with all of them; a longer one streams it with its first 1-4 rows, then the
  * others four at a time re-read it from L1 and share out the prefetch of the next block
  * (the AVX2 kernel's scheme).
- * Measured on a 2-core Zen 5 VM (SmolLM2-135M, one thread, weights streamed from
- * memory; docs/benchmarks/panel-avx512): a whole prefill 1.5-1.7x faster (its
- * projections ~1.8x); a decoding step over k new tokens 1.0-1.04x (k = 1) to 1.06-1.11x
- * (k = 2..9) and 1.28x (k = 17) faster, paired step by step. Used when the CPU has AVX-512F
+ * Bitwise the AVX2 kernel's results, faster the more rows a call has (a prefill most;
+ * docs/benchmarks/README.md gives the figures). Used when the CPU has AVX-512F
  * and bs_panel_set_isa() allowed it (the Python loader does, unless
  * BANDITSPEC_PANEL_ISA=avx2). */
 static int use_avx512 = 0;
