@@ -43,8 +43,10 @@ class TurnRecord:
 
     prompt_tokens: the whole rendered conversation up to this turn
     new_tokens:    prompt tokens past the longest prefix shared with the previous request of this
-                   conversation (its prompt and answer): what the target must prefill when it
-                   reuses the history (turn 1: past the system prompt every chat shares)
+                   conversation (its prompt and its answer's text as the API renders it): what the
+                   target must prefill when it reuses the history (turn 1: all, the cache is empty).
+                   The cache holds the answer's own tokens; where its text tokenizes differently
+                   (e.g. a trailing "\n\n"), the target prefills from there on
     ttft_seconds:  request sent -> first chunk with text
     control_*:     turns >= 2: the same user turn as a first turn (no history), 1 token
     """
