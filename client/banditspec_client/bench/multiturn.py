@@ -25,13 +25,16 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from banditspec.engine.prefix_cache import common_prefix_length
 from banditspec_client.bench.methods import VANILLA, Method, digest, rotated
 from banditspec_client.bench.report import MISSING, fmt, markdown_table
 from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import Conversation
+
+if TYPE_CHECKING:
+    from banditspec_client.openai_api.server import OpenAIServer
 
 CACHE_ENTRIES = 16  # the target's default (model_repository/target/config.pbtxt)
 CONTROL_MAX_TOKENS = 1
@@ -121,7 +124,7 @@ class ConversationRunner:
 
         self.settings = settings
         self.triton = TritonRunner(settings, methods, log_path=log_path, cache_entries=CACHE_ENTRIES)
-        self.fronts: dict[str, object] = {}
+        self.fronts: dict[str, OpenAIServer] = {}
         self.tokenizer = None
 
     def __enter__(self) -> "ConversationRunner":
@@ -141,7 +144,7 @@ class ConversationRunner:
 
     def close(self) -> None:
         for front in self.fronts.values():
-            front.stop()  # type: ignore[attr-defined]
+            front.stop()
         self.fronts = {}
         self.triton.close()
 
@@ -158,7 +161,7 @@ class ConversationRunner:
         return text_ids(self.tokenizer, render_chat(self.tokenizer, messages, reply=reply))
 
     def _ask(self, method: Method, messages: list[dict], max_tokens: int) -> StreamedAnswer:
-        url = self.fronts[self.triton.model_for[method.name]].url  # type: ignore[attr-defined]
+        url = self.fronts[self.triton.model_for[method.name]].url
         return stream_chat(url, messages, max_tokens=max_tokens, temperature=self.settings.temperature,
                            seed=self.settings.seed, method=method,
                            arms=self.adaptive_arms if method.adaptive else None,

@@ -70,7 +70,7 @@ def build_splits() -> dict:
     """The split from the installed data packages, by the rule above (the content of splits.json)."""
     from banditspec.datasets import EVAL_EVERY, humaneval_problems, sharegpt_conversations
 
-    functions = {"tune": [], "heldout": []}  # type: dict[str, list]
+    functions: dict[str, list[str]] = {"tune": [], "heldout": []}
     for problem in humaneval_problems():
         functions[_side(problem["task_id"])].append(problem["task_id"])
     conversations = sharegpt_conversations()
@@ -94,7 +94,7 @@ def build_splits() -> dict:
     groups: dict[int, list[int]] = {}
     for i in indices:
         groups.setdefault(find(i), []).append(i)
-    chats = {"tune": [], "heldout": []}  # type: dict[str, list]
+    chats: dict[str, list[int]] = {"tune": [], "heldout": []}
     for members in groups.values():
         texts = sorted(t for i in members for t in content_turns(conversations[i]))
         key = texts[0] if texts else f"sharegpt/{min(members)}"
