@@ -14,10 +14,15 @@ WORKLOADS = ("code", "code-edit", "chat", "mixed")
 
 
 def held_out(workloads: Iterable[str], n: int, skip: int) -> list:
-    """(workload, its prompts SKIP .. SKIP + N - 1 in the benchmark's order) for each workload."""
+    """(workload, its prompts SKIP .. SKIP + N - 1 of the tune split, in the benchmark's order) for
+    each workload: an A/B run decides a default, so it tunes, and the heldout split stays unseen."""
     from banditspec_client.bench.workloads import load_workload
 
-    return [(w, load_workload(w, skip + n)[skip:]) for w in workloads]
+    out = [(w, load_workload(w, skip + n, split="tune")[skip:]) for w in workloads]
+    short = [f"{w} ({len(p)})" for w, p in out if len(p) < n]
+    if short:
+        raise SystemExit(f"the tune split has fewer than {skip + n} prompts in: {', '.join(short)}")
+    return out
 
 
 def tokens_per_second(rows: list, method: str, workload: str = "all", decode: bool = False) -> float:

@@ -2,7 +2,8 @@
 per workload): METHOD's tokens/s over plain decoding, over the best fixed arm (re-chosen
 in each of 2000 paired-bootstrap resamples of the prompts: a 90 % interval) and over the
 per-prompt oracle of the fixed arms; overall and decode only (each request's first step left
-out).
+out). The fixed arms are every fixed-arm method the run has (pld, suffix, rest, eagle, copy, any
+@GAMMA) unless FIXED,ARMS names them; a run lacking an arm the adaptive method may use says so.
 
     .venv/bin/python experiments/pooled_summary.py RESULTS.json [METHOD [FIXED,ARMS]]
 """
@@ -14,8 +15,13 @@ import sys
 
 path = sys.argv[1]
 method = sys.argv[2] if len(sys.argv) > 2 else "costaware"
-fixed = sys.argv[3].split(",") if len(sys.argv) > 3 else ["pld", "suffix", "copy"]
+FIXED_DRAFTERS = ("pld", "suffix", "rest", "eagle", "copy")
 records = json.load(open(path))["records"]
+run_fixed = list(dict.fromkeys(r["method"] for r in records if r["method"].partition("@")[0] in FIXED_DRAFTERS))
+fixed = sys.argv[3].split(",") if len(sys.argv) > 3 else run_fixed
+missing = [d for d in FIXED_DRAFTERS if not any(f.partition("@")[0] == d for f in fixed)]
+if missing:
+    print(f"note: best fixed arm chosen without {', '.join(missing)} (not run or not named), which the default may use")
 runs: dict[tuple, dict] = collections.defaultdict(dict)
 for r in records:
     runs[(r["workload"], r["prompt_id"])][r["method"]] = r

@@ -13,9 +13,16 @@
    context), ``surface`` (``bench-engine --contexts``: verify cost by k AND context, the
    fast kernels' real shape) or a JSON file with a list of ratios.
 
-Prompts: the project's workloads (``--workloads``), or a user's own JSONL file of
-``{"kind": ..., "prompt": ...}`` lines (``--prompts-file``). Outputs a table (markdown),
-JSON and a PNG into ``--out``.
+Prompts: the project's workloads (``--workloads``) from one content-disjoint split
+(``--split tune|heldout``, recorded in ``banditspec_client/bench/splits.json``), or a user's own
+JSONL file of ``{"kind": ..., "prompt": ...}`` lines (``--prompts-file``). ``multiturn``:
+conversations, each turn a prompt holding the whole history with the target's OWN greedy answers
+to the earlier turns (rows per turn index). Outputs a table (markdown), JSON and a PNG into ``--out``.
+
+Greedy only: a trace holds the target's greedy output and the drafters' proposals along it, so a
+replay is exact for greedy decoding. Sampled decoding would need the target's distributions and
+the sampler's draws at every step; ``--temperature`` above 0 is refused rather than approximated
+(``banditspec bench --temperature T`` measures sampled decoding for real).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ import numpy as np
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec.errors import BanditSpecValidationError
+from banditspec.runtime import DEFAULT_ARMS
+from banditspec_client.bench.splits import SPLITS, describe
+from banditspec_client.bench.workloads import MULTITURN, MULTITURN_TURNS
 
 STEEP = [1.00, 1.54, 1.77, 1.79, 1.98, 2.10, 2.21, 2.26, 2.31]  # the fp32 engine before fast kernels
 FLAT = [1.00, 1.02, 1.04, 1.06, 1.08, 1.10, 1.12, 1.14, 1.16]  # GPU-like
@@ -47,18 +57,25 @@ EAGLE_COST = "0.06,0.05"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workloads", default="code,code-edit,chat", help="comma-separated (mixed = all interleaved)")
-    parser.add_argument("--prompts", type=int, default=60, help="prompts per workload")
+    parser.add_argument("--workloads", default="code,code-edit,chat",
+                        help="comma-separated (mixed = all interleaved); or multiturn alone (conversations)")
+    parser.add_argument("--prompts", type=int, default=60, help="prompts per workload (multiturn: conversations)")
+    parser.add_argument("--split", default="tune", choices=SPLITS,
+                        help="the content-disjoint split the prompts come from (banditspec_client/bench/splits.json): "
+                             "tune to tune on, heldout to check")
+    parser.add_argument("--turns", type=int, default=MULTITURN_TURNS, help="multiturn: user turns per conversation")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="only 0 (greedy): a replay is exact for greedy decoding; sampled runs are refused")
     parser.add_argument("--skip", type=int, default=0,
-                        help="leave out each workload's first SKIP prompts (a held-out set: tune on --prompts N, "
-                             "check on --skip N --prompts N)")
+                        help="leave out each workload's first SKIP prompts of the split")
     parser.add_argument("--prompts-file", type=Path, default=None, help='JSONL of {"kind", "prompt"} (your traffic)')
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--max-draft-len", type=int, default=DEFAULT_MAX_DRAFT_LEN, help="L of the replayed policies")
     parser.add_argument("--record-len", type=int, default=8, help="tokens recorded per proposal (>= L)")
-    parser.add_argument("--drafters", default="pld,suffix,rest,copy",
-                        help="drafters to record and replay; eagle (costly: proposes only when chosen) is recorded "
-                             "from the target's states at every position, once, beside the cheap ones")
+    parser.add_argument("--drafters", default=",".join(DEFAULT_ARMS),
+                        help="drafters to record and replay (default: every arm the server's default may use, so the "
+                             "best fixed arm is chosen among all of them); eagle (costly: proposes only when chosen) "
+                             "is recorded from the target's states at every position, once, beside the cheap ones")
     parser.add_argument("--eagle-cost", default=EAGLE_COST,
                         help="Eagle's drafting cost as CALL,TOKEN[,PREVIEW] in units of a one-token verify "
                              "(default: int8 head, measured in costaware's loop: 4.1 ms a call + 3.4 ms a drafted "
@@ -90,12 +107,77 @@ def _prompts(args) -> list[tuple[str, str]]:
         return [(p.kind, p.text) for p in load_prompts_file(args.prompts_file)]
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     kinds = [w for w in names if w != "mixed"] or ["code", "code-edit", "chat"]
+    skip = _skip(args)
+    split = getattr(args, "split", "tune")
+    lists = [[(p.kind, p.text) for p in load_workload(kind, skip + args.prompts, split=split)[skip:]] for kind in kinds]
+    # interleaved, as a server would see mixed traffic (the statistics carry across prompts)
+    return [item for group in zip(*lists) for item in group]
+
+
+def _skip(args) -> int:
     skip = getattr(args, "skip", 0)
     if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
         raise BanditSpecValidationError("skip", f"must be an integer >= 0, got {skip!r}")
-    lists = [[(p.kind, p.text) for p in load_workload(kind, skip + args.prompts)[skip:]] for kind in kinds]
-    # interleaved, as a server would see mixed traffic (the statistics carry across prompts)
-    return [item for group in zip(*lists) for item in group]
+    return skip
+
+
+def check_replay_options(args) -> None:
+    """Refuse what a replay cannot score exactly, naming the option."""
+    temperature = getattr(args, "temperature", 0.0)
+    if temperature != 0:
+        raise BanditSpecValidationError(
+            "temperature", f"replay scores greedy decoding only (got {temperature!r}): a trace holds the target's greedy "
+            "output, not its distributions or the sampler's draws; measure sampled decoding with "
+            "`banditspec bench --temperature T`")
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if MULTITURN in names and names != [MULTITURN]:
+        raise BanditSpecValidationError("workloads", f"{MULTITURN} runs alone (conversations, not single prompts)")
+    if MULTITURN in names and args.prompts_file is not None:
+        raise BanditSpecValidationError("prompts_file", f"not with --workloads {MULTITURN}")
+
+
+def is_multiturn(args) -> bool:
+    return args.prompts_file is None and [w.strip() for w in args.workloads.split(",") if w.strip()] == [MULTITURN]
+
+
+def conversation_prompts(args, tokenizer) -> list[tuple[str, list[int], list[int]]]:
+    """(kind, prompt ids, greedy output) per turn of the multiturn conversations, conversation by
+    conversation (the serving order): turn k's prompt is the conversation so far with the target's
+    own greedy answers (its output decoded to text, as the OpenAI API returns it) in place of the
+    recorded ones; kind ``multiturn/turnK``. Cached like the traces."""
+    import torch
+
+    from banditspec.paths import cache_dir
+    from banditspec.text import render_chat, text_ids
+    from banditspec_client.bench.workloads import load_conversations
+
+    skip = _skip(args)
+    conversations = load_conversations(skip + args.prompts, turns=args.turns, split=args.split)[skip:]
+    key = hashlib.sha256(json.dumps([args.model, args.max_tokens, [c.turns for c in conversations]]).encode()).hexdigest()[:16]
+    path = cache_dir() / "traces" / f"conversations-{key}.json"
+    if path.exists():
+        return [(kind, ids, out) for kind, ids, out in json.loads(path.read_text())]
+    from banditspec.engine.reference import ReferenceEngine
+
+    torch.set_num_threads(max(1, args.threads))
+    engine = ReferenceEngine.from_name(args.model, max_context=4096, cache_entries=max(8, args.batch))
+    eos = int(tokenizer.eos_token_id)
+    histories: list[list[dict]] = [[] for _ in conversations]
+    per_turn: list[list[tuple[list[int], list[int]]]] = []
+    for k in range(args.turns):  # all conversations' turn k in one batched pass
+        prompts = []
+        for history, conversation in zip(histories, conversations):
+            history.append({"role": "user", "content": conversation.turns[k]})
+            prompts.append(text_ids(tokenizer, render_chat(tokenizer, history)))
+        with torch.inference_mode():
+            outputs = _greedy_batched(engine, prompts, args.max_tokens, args.batch)
+        for history, output in zip(histories, outputs):
+            answer = output[:-1] if output and output[-1] == eos else output
+            history.append({"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)})
+        per_turn.append(list(zip(prompts, outputs)))
+    rows = [(f"{MULTITURN}/turn{k + 1}", *per_turn[k][c]) for c in range(len(conversations)) for k in range(args.turns)]
+    _write_lines(path, [json.dumps(rows)])
+    return [(kind, list(ids), list(out)) for kind, ids, out in rows]
 
 
 def _greedy_batched(engine, prompts: list[list[int]], max_tokens: int, batch: int) -> list[list[int]]:
@@ -140,8 +222,9 @@ def _greedy_batched(engine, prompts: list[list[int]], max_tokens: int, batch: in
     return outputs
 
 
-def record(args, prompts: list[tuple[str, str]]):
-    """Traces for the prompts, from the cache when recorded before with the same settings."""
+def record(args, prompts: list[tuple[str, str]] | None):
+    """Traces for the prompts (None: the multiturn conversations' turns), from the cache when
+    recorded before with the same settings."""
     import torch
 
     from banditspec.engine.models import load_tokenizer
@@ -151,7 +234,14 @@ def record(args, prompts: list[tuple[str, str]]):
     from banditspec.text import prompt_ids
 
     tokenizer = load_tokenizer(args.model)
-    ids = [prompt_ids(tokenizer, text, chat=True) for _, text in prompts]
+    known_outputs = None
+    if prompts is None:
+        turns = conversation_prompts(args, tokenizer)
+        prompts = [(kind, "") for kind, _, _ in turns]
+        ids = [list(p) for _, p, _ in turns]
+        known_outputs = [list(o) for _, _, o in turns]
+    else:
+        ids = [prompt_ids(tokenizer, text, chat=True) for _, text in prompts]
     names = [d.strip() for d in args.drafters.split(",") if d.strip()]
     drafter_names = [d for d in names if d not in COSTLY]
     key = hashlib.sha256(json.dumps([args.model, args.max_tokens, args.record_len, drafter_names, ids]).encode()).hexdigest()[:16]
@@ -163,9 +253,12 @@ def record(args, prompts: list[tuple[str, str]]):
         from banditspec.engine.reference import ReferenceEngine
 
         torch.set_num_threads(max(1, args.threads))
-        engine = ReferenceEngine.from_name(args.model, max_context=2048, cache_entries=max(8, args.batch))
-        with torch.inference_mode():
-            outputs = _greedy_batched(engine, ids, args.max_tokens, args.batch)
+        engine = ReferenceEngine.from_name(args.model, max_context=4096, cache_entries=max(8, args.batch))
+        if known_outputs is not None:
+            outputs = known_outputs
+        else:
+            with torch.inference_mode():
+                outputs = _greedy_batched(engine, ids, args.max_tokens, args.batch)
         drafters = build_drafters(drafter_names, tokenizer)
         from tqdm import tqdm
 
@@ -207,7 +300,7 @@ def _record_costly(args, name: str, traces, tokenizer, path: Path, engine=None) 
         from banditspec.engine.reference import ReferenceEngine
 
         torch.set_num_threads(max(1, args.threads))
-        engine = ReferenceEngine.from_name(args.model, max_context=2048, cache_entries=1)
+        engine = ReferenceEngine.from_name(args.model, max_context=4096, cache_entries=1)
     drafter = build_drafters([name], tokenizer, target_model=engine.model)[name]
     layers = tuple(getattr(drafter, "feature_layers", ()) or ())
     with torch.inference_mode():
@@ -330,8 +423,16 @@ def summarise(results: dict, traces, workloads: list[str]) -> dict:
 
 
 def _markdown(summary: dict, args, n_traces: int, results: dict) -> str:
-    lines = [f"Replay over {n_traces} prompts, {args.max_tokens} tokens max, L = {args.max_draft_len}, "
-             f"drafters {args.drafters}; speed = plain decoding's time / the method's time (decode only, from the cost model).", ""]
+    if args.prompts_file is not None:
+        source = f"prompts of {args.prompts_file}"
+    elif is_multiturn(args):
+        source = (f"turns of {MULTITURN} conversations ({args.turns} user turns each, the target's own greedy answers "
+                  f"as history; `mixed` = all turns), split {describe(args.split)}")
+    else:
+        source = f"prompts of {args.workloads}, split {describe(args.split)}"
+    lines = [f"Replay over {n_traces} {source}; greedy (temperature 0); {args.max_tokens} tokens max, "
+             f"L = {args.max_draft_len}, drafters {args.drafters} (best fixed: the best of every drafter at every "
+             "gamma); speed = plain decoding's time / the method's time (decode only, from the cost model).", ""]
     for cost, per_workload in summary.items():
         curve = results[cost]["curve"]
         lines += [f"### cost model `{cost}`: verify(k)/verify(1) for k = 1..9: {', '.join(f'{c:.2f}' for c in curve)}", ""]
@@ -380,9 +481,16 @@ def _plot(summary: dict, out: Path) -> None:
 
 
 def run(args) -> int:
-    prompts = _prompts(args)
-    traces, tokenizer = record(args, prompts)
+    check_replay_options(args)
+    prompts = None if is_multiturn(args) else _prompts(args)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    missing = [d for d in drafters if d in COSTLY and not _buildable(d, args.model)]
+    if missing:
+        print(f"drafter(s) {', '.join(missing)} unavailable here (not built): replaying without them; the best fixed "
+              "arm then leaves them out")
+        drafters = [d for d in drafters if d not in missing]
+        args.drafters = ",".join(drafters)
+    traces, tokenizer = record(args, prompts)
     costs = [c.strip() for c in args.costs.split(",") if c.strip()]
     surface = getattr(args, "surface", SURFACE_JSON)
     for name, path in (("measured", ENGINE_JSON), ("surface", surface)):
@@ -398,7 +506,10 @@ def run(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     text = _markdown(summary, args, len(traces), results)
     (args.out / "results.md").write_text(text)
-    (args.out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (args.out / "results.json").write_text(json.dumps(
+        {"setup": {"split": None if args.prompts_file is not None else args.split, "temperature": 0.0,
+                   "workloads": None if args.prompts_file is not None else args.workloads},
+         **summary}, indent=1) + "\n")
     _plot(summary, args.out)
     print(text)
     if args.wallclock > 0:
@@ -409,6 +520,19 @@ def run(args) -> int:
         _wallclock_plot(check, args.out)
         print(check_text)
     return 0
+
+
+def _buildable(name: str, model: str) -> bool:
+    """Whether drafter ``name`` can be built here (the Eagle head needs its trained weights)."""
+    from banditspec.drafters.registry import build_drafters
+    from banditspec.engine.models import load_tokenizer
+    from banditspec.engine.reference import ReferenceEngine
+
+    try:
+        engine = ReferenceEngine.from_name(model, max_context=64, cache_entries=1)
+        return name in build_drafters([name], load_tokenizer(model), target_model=engine.model)
+    except Exception:
+        return False
 
 
 # --- replay vs wall clock --------------------------------------------------------------

@@ -96,6 +96,7 @@ class InProcessRunner:
             arms=self.adaptive_arms if method.adaptive else None,
             max_draft_len=method.draft_len(self.settings.max_draft_len),
             seed=self.settings.seed,
+            temperature=self.settings.temperature,
             reward=method.reward,
         )
         self.engine.clear()

@@ -14,6 +14,7 @@ import sys
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.report import text_header, text_row
 from banditspec_client.bench.runner import RunSettings
+from banditspec_client.bench.splits import SPLITS, describe
 from banditspec_client.bench.workloads import load_workload
 
 
@@ -24,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default="vanilla,ucbspec", help="compared methods (bench syntax)")
     parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both paths")
+    parser.add_argument("--split", default="heldout", choices=SPLITS,
+                        help="content-disjoint split of the prompts (banditspec_client/bench/splits.json)")
 
 
 def run(args) -> int:
@@ -34,7 +37,8 @@ def run(args) -> int:
 
     torch.set_num_threads(args.threads)
     methods = parse_methods(args.methods)
-    prompts = load_workload(args.workload, args.prompts)
+    prompts = load_workload(args.workload, args.prompts, split=args.split)
+    print(f"{args.workload}, {len(prompts)} prompts, split {describe(args.split)}")
     settings = RunSettings(model=args.model, threads=args.threads)
     local = InProcessRunner(settings)
     rates: dict[str, dict[str, list[float]]] = {m.name: {"in-process": [], "triton": []} for m in methods}

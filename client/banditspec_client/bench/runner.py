@@ -25,6 +25,7 @@ class RunSettings:
     model:              target model ("smollm2" | "tiny")
     max_draft_len:      L: fixed arms draft L tokens (or their @GAMMA), adaptive arms up to L
     seed:               the requests' seed
+    temperature:        the requests' sampling temperature (0: greedy)
     threads:            torch threads of the target (through Triton: its ``torch_threads``; in
                         process the command sets them for its own process)
     adaptive_drafters:  drafters the adaptive methods may choose among (those the stack serves)
@@ -33,6 +34,7 @@ class RunSettings:
     model: str = "smollm2"
     max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
     seed: int = 0
+    temperature: float = 0.0
     threads: int = 1
     adaptive_drafters: tuple[str, ...] = FIXED_DRAFTERS
 

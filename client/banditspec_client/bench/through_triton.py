@@ -31,7 +31,7 @@ from banditspec_client.supervisor import group_cpu_seconds
 
 CONTROLLER = "banditspec"
 PROBE_PROMPT = "Say hello."
-FLUSH_TOKEN = 2  # a one-token sequence that shares no prefix with a chat-templated prompt
+FLUSH_TOKEN = 2  # one-token sequences from here on share no prefix with a chat-templated prompt
 
 
 def private_model_name(method: Method) -> str:
@@ -60,8 +60,10 @@ class TritonRunner:
 
     label = "triton"
 
-    def __init__(self, settings: RunSettings, methods: Sequence[Method], *, log_path: Path | None = None):
+    def __init__(self, settings: RunSettings, methods: Sequence[Method], *, log_path: Path | None = None,
+                 cache_entries: int = 1):
         self.settings = settings
+        self.cache_entries = cache_entries  # the target's prefix cache (1: no reuse across requests, see _flush)
         self.methods = list(methods)
         self.log_path = log_path
         self.model_for = {m.name: private_model_name(m) if m.needs_suffix_state else CONTROLLER for m in self.methods}
@@ -80,7 +82,7 @@ class TritonRunner:
         self._workdir = Path(tempfile.mkdtemp(prefix="bench-repo-", dir=cache_dir()))
         source = bench_repository(SOURCE_REPOSITORY, copies, self._workdir / "models")
         overrides = {
-            "target": {"cache_entries": "1", "torch_threads": str(self.settings.threads)},
+            "target": {"cache_entries": str(self.cache_entries), "torch_threads": str(self.settings.threads)},
             CONTROLLER: {"max_concurrent_sequences": "2"},
         }
         for name in copies:
@@ -120,7 +122,8 @@ class TritonRunner:
         from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
         opts = GenerationOptions(
-            max_tokens=max_tokens, stream=False, seed=self.settings.seed, policy=method.policy, arms=arms,
+            max_tokens=max_tokens, stream=False, seed=self.settings.seed, temperature=self.settings.temperature,
+            policy=method.policy, arms=arms,
             max_draft_len=method.draft_len(self.settings.max_draft_len), reward=method.reward,
         )
         return generate_grpc(self._server.grpc_url, text, opts, model_name=model_name)
@@ -145,16 +148,22 @@ class TritonRunner:
 
         return split_available(methods, unserved, self.adaptive_arms, "no drafter served")
 
+    @property
+    def grpc_url(self) -> str:
+        return self._server.grpc_url
+
     def _flush(self) -> None:
-        """Evict the target's one cached sequence with a one-token verification call."""
+        """Evict every sequence the target's prefix cache holds: as many one-token verification
+        calls, each of its own token, as the cache has entries (least recently used goes first)."""
         import tritonclient.grpc as grpcclient
 
-        inputs = []
-        for name, value in (("input_ids", FLUSH_TOKEN), ("input_lengths", 1), ("request_output_len", 1)):
-            tensor = grpcclient.InferInput(name, [1, 1], "INT32")
-            tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
-            inputs.append(tensor)
-        self._client.infer("target", inputs)
+        for token in range(FLUSH_TOKEN, FLUSH_TOKEN + self.cache_entries):
+            inputs = []
+            for name, value in (("input_ids", token), ("input_lengths", 1), ("request_output_len", 1)):
+                tensor = grpcclient.InferInput(name, [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+                inputs.append(tensor)
+            self._client.infer("target", inputs)
 
     def _target_compute(self) -> tuple[float, int]:
         """(milliseconds, executions) of the ``target`` model's compute so far, from Triton's

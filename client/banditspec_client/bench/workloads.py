@@ -12,20 +12,30 @@ chat=True)`` in process, the server's ``chat_template`` parameter through Triton
   datastore never see; a turn that also occurs in the train split (ShareGPT has
   duplicates) is left out.
 * ``mixed``: code, code-edit and chat prompts interleaved (its own shuffle of each source).
+* ``multiturn`` (:func:`load_conversations`, not a prompt list): ShareGPT conversations of the
+  evaluation split with two or more human turns; a benchmark sends turn k with turns 1..k-1
+  and the model's OWN earlier answers as history.
 
-The order of a list depends only on ``seed``; ``load_workload(name, n)`` takes its first
-``n`` prompts, so a shorter run is a prefix of a longer one.
+Every workload comes in two content-disjoint splits, ``tune`` and ``heldout``
+(:mod:`~banditspec_client.bench.splits`, recorded in ``splits.json``): a HumanEval function or
+a ShareGPT conversation is in one split for every workload at once. The order of a list
+depends only on ``seed`` and the split; ``load_workload(name, n)`` takes its first ``n``
+prompts, so a shorter run is a prefix of a longer one.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
 from banditspec.checks import is_int
 from banditspec.errors import BanditSpecValidationError
+from banditspec_client.bench.splits import check_split, load_splits
 
 WORKLOADS: tuple[str, ...] = ("code", "code-edit", "chat", "mixed")
+MULTITURN = "multiturn"  # conversations (load_conversations), not a list of single prompts
+DEFAULT_SPLIT = "tune"
 SINGLE_KINDS: tuple[str, ...] = ("code", "code-edit", "chat")
 MIXED_SEED_OFFSET = 1_000  # mixed shuffles each source with its own seed
 
@@ -61,18 +71,22 @@ class Prompt:
     text: str
 
 
-def _code_prompts() -> list[tuple[str, str]]:
+def _code_prompts(split: str) -> list[tuple[str, str]]:
     from banditspec.datasets import humaneval_problems
 
-    return [(p["task_id"], CODE_TEMPLATE.format(code=p["prompt"])) for p in humaneval_problems()]
+    mine = load_splits().humaneval[split]
+    return [(p["task_id"], CODE_TEMPLATE.format(code=p["prompt"])) for p in humaneval_problems() if p["task_id"] in mine]
 
 
-def _code_edit_prompts() -> list[tuple[str, str]]:
+def _code_edit_prompts(split: str) -> list[tuple[str, str]]:
     from banditspec.datasets import humaneval_problems
 
+    mine = load_splits().humaneval[split]
     out = []
     for i, p in enumerate(humaneval_problems()):
-        template = EDIT_TEMPLATES[i % len(EDIT_TEMPLATES)]
+        if p["task_id"] not in mine:
+            continue
+        template = EDIT_TEMPLATES[i % len(EDIT_TEMPLATES)]  # by the problem's index: the same for either split
         out.append((f"{p['task_id']}/edit", template.format(code=p["prompt"] + p["canonical_solution"])))
     return out
 
@@ -85,41 +99,58 @@ def _is_chat_prompt(text: str) -> bool:
     return ascii_share >= CHAT_MIN_ASCII_SHARE
 
 
-def _chat_prompts() -> list[tuple[str, str]]:
+@functools.lru_cache(maxsize=1)
+def _train_texts() -> frozenset[str]:
+    """Every turn of the ShareGPT train split (Eagle's and REST's text), stripped."""
     from banditspec.datasets import sharegpt_split
 
+    return frozenset(text.strip() for conversation in sharegpt_split("train") for _, text in conversation)
+
+
+def _eval_conversations(split: str) -> list[tuple[int, tuple[tuple[str, str], ...]]]:
+    """(index in the package's file, conversation) of the evaluation part, in ``split``."""
+    from banditspec.datasets import sharegpt_conversations
+
+    conversations = sharegpt_conversations()
+    return [(i, conversations[i]) for i in sorted(load_splits().sharegpt[split])]
+
+
+def _chat_prompts(split: str) -> list[tuple[str, str]]:
     # ShareGPT repeats some conversations: a first turn that also occurs anywhere in the
     # train split (Eagle's and REST's text) is left out, so no chat prompt was trained on.
-    train_texts = {text.strip() for conversation in sharegpt_split("train") for _, text in conversation}
+    train_texts = _train_texts()
     out, seen = [], set()
-    for i, conversation in enumerate(sharegpt_split("eval")):
+    for index, conversation in _eval_conversations(split):
         role, text = conversation[0]
         if role != "human" or not _is_chat_prompt(text) or text.strip() in seen or text.strip() in train_texts:
             continue
         seen.add(text.strip())
-        out.append((f"sharegpt-eval/{i}", text.strip()))
+        out.append((f"sharegpt/{index}", text.strip()))
     return out
 
 
 _SOURCES = {"code": _code_prompts, "code-edit": _code_edit_prompts, "chat": _chat_prompts}
 
 
-def _shuffled(kind: str, seed: int) -> list[tuple[str, str]]:
-    items = _SOURCES[kind]()
-    random.Random(f"{kind}:{seed}").shuffle(items)
+def _shuffled(kind: str, seed: int, split: str) -> list[tuple[str, str]]:
+    items = _SOURCES[kind](split)
+    random.Random(f"{kind}:{split}:{seed}").shuffle(items)
     return items
 
 
-def load_workload(name: str, n: int | None = None, *, seed: int = 0) -> list[Prompt]:
-    """The first ``n`` prompts (all when None) of workload ``name``, in its fixed order."""
+def load_workload(name: str, n: int | None = None, *, seed: int = 0, split: str = DEFAULT_SPLIT) -> list[Prompt]:
+    """The first ``n`` prompts (all when None) of workload ``name`` in ``split`` ("tune" or
+    "heldout"), in its fixed order."""
+    check_split(split)
     if name not in WORKLOADS:
-        raise BanditSpecValidationError("workload", f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+        hint = f" ({MULTITURN}: conversations, see load_conversations)" if name == MULTITURN else ""
+        raise BanditSpecValidationError("workload", f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}{hint}")
     if n is not None and (not is_int(n) or n < 1):
         raise BanditSpecValidationError("prompts", f"must be an integer >= 1, got {n!r}")
     if name != "mixed":
-        items = _shuffled(name, seed)[:n]
+        items = _shuffled(name, seed, split)[:n]
         return [Prompt(name, name, pid, text) for pid, text in items]
-    sources = {kind: _shuffled(kind, seed + MIXED_SEED_OFFSET) for kind in SINGLE_KINDS}
+    sources = {kind: _shuffled(kind, seed + MIXED_SEED_OFFSET, split) for kind in SINGLE_KINDS}
     longest = max(len(items) for items in sources.values())
     mixed: list[Prompt] = []
     for i in range(longest):
@@ -128,6 +159,63 @@ def load_workload(name: str, n: int | None = None, *, seed: int = 0) -> list[Pro
                 pid, text = sources[kind][i]
                 mixed.append(Prompt("mixed", kind, pid, text))
     return mixed[:n]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One multi-turn conversation of the ``multiturn`` workload.
+
+    conversation_id: stable identifier, e.g. "sharegpt/3410" (its index in the package's file)
+    turns:           the user turns, in order; the recorded answers are NOT used (a benchmark
+                     puts the model's own answers between them)
+    """
+
+    conversation_id: str
+    turns: tuple[str, ...]
+
+
+# a conversation's user turns (the first MULTITURN_TURNS) may hold at most this many characters
+# in all, so history plus answers stays well inside the target's context
+MULTITURN_TURNS, MULTITURN_MAX_CHARS = 3, 3000
+
+
+def _is_follow_up(text: str) -> bool:
+    """A later human turn: any length up to the chat bound ("continue" is a real follow-up)."""
+    text = text.strip()
+    return 0 < len(text) <= CHAT_MAX_CHARS and sum(ch.isascii() for ch in text) / len(text) >= CHAT_MIN_ASCII_SHARE
+
+
+def _conversations(split: str, turns: int) -> list[Conversation]:
+    train_texts = _train_texts()
+    out, seen = [], set()
+    for index, conversation in _eval_conversations(split):
+        roles = [role for role, _ in conversation]
+        # human, gpt, human, gpt, ...: the recorded answers only mark where a turn ends
+        if roles[: 2 * turns - 1] != ["human", "gpt"] * (turns - 1) + ["human"]:
+            continue
+        human = tuple(text.strip() for role, text in conversation[: 2 * turns - 1] if role == "human")
+        if (not _is_chat_prompt(human[0]) or not all(_is_follow_up(t) for t in human[1:])
+                or sum(map(len, human)) > MULTITURN_MAX_CHARS or human[0] in seen
+                or any(t in train_texts for t in human)):
+            continue
+        seen.add(human[0])
+        out.append(Conversation(f"sharegpt/{index}", human))
+    return out
+
+
+def load_conversations(n: int | None = None, *, turns: int = MULTITURN_TURNS, seed: int = 0,
+                       split: str = DEFAULT_SPLIT) -> list[Conversation]:
+    """The first ``n`` conversations (all when None) of the ``multiturn`` workload in ``split``:
+    ShareGPT evaluation conversations with at least ``turns`` human turns, cut to their first
+    ``turns``, in a fixed order (a shorter run is a prefix of a longer one)."""
+    check_split(split)
+    if n is not None and (not is_int(n) or n < 1):
+        raise BanditSpecValidationError("prompts", f"must be an integer >= 1, got {n!r}")
+    if not is_int(turns) or turns < 2:
+        raise BanditSpecValidationError("turns", f"must be an integer >= 2, got {turns!r}")
+    items = _conversations(split, turns)
+    random.Random(f"{MULTITURN}:{split}:{turns}:{seed}").shuffle(items)
+    return items[:n]
 
 
 def load_prompts_file(path) -> list[Prompt]:

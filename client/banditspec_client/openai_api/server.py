@@ -25,9 +25,10 @@ class OpenAIServer:
     """uvicorn serving the app in a background thread; ``stop()`` shuts it down."""
 
     def __init__(self, triton_url: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, tokenizer=None,
-                 model: str = "smollm2", tokenizer_dir: str = "", model_id: str = "banditspec"):
+                 model: str = "smollm2", tokenizer_dir: str = "", model_id: str = "banditspec",
+                 triton_model: str = "banditspec"):
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, tokenizer_dir)
-        app = create_app(triton_url, tokenizer=tokenizer, model_id=model_id)
+        app = create_app(triton_url, tokenizer=tokenizer, model_id=model_id, triton_model=triton_model)
         self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
         self.server = uvicorn.Server(self.config)
         self.thread: threading.Thread | None = None

@@ -7,6 +7,12 @@ per-prompt oracle) and PNG plots (see :mod:`banditspec_client.bench.compare.plot
 
 In process (default): the torch reference engine in this process; through Triton
 (``--through-triton``): a real tritonserver started for the run, requests over gRPC.
+``--workload multiturn``: conversations through the OpenAI chat API of a real tritonserver
+(:mod:`~banditspec_client.bench.multiturn`), per turn index.
+
+Prompts come from one split (``--split tune|heldout``, content-disjoint, recorded in
+``banditspec_client/bench/splits.json``); ``--temperature`` > 0 samples. Every adaptive method's
+drafters also run as fixed arms, so "best fixed arm" covers every arm the adaptive methods may use.
 """
 
 from __future__ import annotations
@@ -20,16 +26,20 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Sequence
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec.engine import panel_kernel
 from banditspec.errors import BanditSpecValidationError
 from banditspec_client.bench.compare.summary import markdown_report, summarize, summary_dict
-from banditspec_client.bench.methods import DEFAULT_METHODS, FIXED_DRAFTERS, Method, RunRecord, parse_methods
+from banditspec_client.bench.methods import (DEFAULT_METHODS, FIXED_DRAFTERS, VANILLA, Method, RunRecord,
+                                             parse_methods)
 from banditspec_client.bench.runner import Runner, RunSettings, run_interleaved
-from banditspec_client.bench.workloads import Prompt, load_workload, parse_workloads
+from banditspec_client.bench.splits import SPLITS, describe
+from banditspec_client.bench.workloads import MULTITURN, MULTITURN_TURNS, Prompt, load_workload, parse_workloads
 
 QUICK = {"workload": "mixed", "prompts": 3, "max_tokens": 48}
+MULTITURN_METHODS = f"{VANILLA},costaware"  # plain decoding vs the default
 FULL = {"workload": "all", "prompts": 4, "max_tokens": 96}
 WARMUP_PROMPT = Prompt("warm-up", "chat", "warm-up", "Name three colours.")
 
@@ -55,10 +65,19 @@ def cpu_description() -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default=None, help="code, code-edit, chat, mixed, comma-separated, or all "
-                        f"(default {FULL['workload']}; --quick: {QUICK['workload']})")
-    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated: vanilla, pld, suffix, rest, "
-                        "eagle (optionally @GAMMA), ucbspec, exp3spec (optionally :accepted|:throughput)")
-    parser.add_argument("--prompts", type=int, default=None, help=f"prompts per workload (default {FULL['prompts']})")
+                        f"(default {FULL['workload']}; --quick: {QUICK['workload']}); or {MULTITURN} alone: "
+                        "conversations through the OpenAI chat API")
+    parser.add_argument("--methods", default=None, help="comma-separated: vanilla, pld, suffix, rest, "
+                        "eagle (optionally @GAMMA), ucbspec, exp3spec (optionally :accepted|:throughput) "
+                        f"(default {DEFAULT_METHODS}; {MULTITURN}: {MULTITURN_METHODS})")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help=f"prompts per workload, or conversations for {MULTITURN} (default {FULL['prompts']})")
+    parser.add_argument("--split", default="heldout", choices=SPLITS,
+                        help="which content-disjoint split the prompts come from (banditspec_client/bench/splits.json): "
+                             "heldout for figures you report, tune for anything you tune on")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature of every request (0: greedy, outputs checked against vanilla's)")
+    parser.add_argument("--turns", type=int, default=MULTITURN_TURNS, help=f"{MULTITURN}: user turns per conversation")
     parser.add_argument("--prompts-file", type=Path, default=None,
                         help='your own traffic: JSONL of {"kind", "prompt"} lines (each kind is a workload)')
     parser.add_argument("--max-tokens", type=int, default=None, help=f"tokens per request (default {FULL['max_tokens']})")
@@ -97,6 +116,23 @@ def _progress(total: int, disabled: bool):
     return tqdm(total=total, unit="run", desc="bench", disable=disabled, file=sys.stderr, dynamic_ncols=True)
 
 
+def with_fixed_arms(methods: list[Method], adaptive_drafters: Sequence[str]) -> tuple[list[Method], list[str]]:
+    """(methods, names added): when a method is adaptive, the fixed arm of every drafter it may
+    choose is run too (unless listed already), so the best fixed arm is chosen among all of them."""
+    if not any(m.adaptive for m in methods):
+        return list(methods), []
+    have = {m.drafter for m in methods if m.fixed_arm}
+    added = [Method(d, f"fixed:{d}", d) for d in adaptive_drafters if d not in have]
+    first_adaptive = next(i for i, m in enumerate(methods) if m.adaptive)
+    return [*methods[:first_adaptive], *added, *methods[first_adaptive:]], [m.name for m in added]
+
+
+def check_temperature(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 2.0:
+        raise BanditSpecValidationError("temperature", f"must be a number in [0, 2], got {value!r}")
+    return float(value)
+
+
 def needed_drafters(methods: list[Method], adaptive_drafters: list[str]) -> list[str]:
     """Drafters to build: each fixed arm's, plus the adaptive arm set when a method is adaptive."""
     names = [m.drafter for m in methods if m.fixed_arm]
@@ -110,8 +146,8 @@ def _make_runner(args: argparse.Namespace, methods: list[Method], out: Path) -> 
     unknown = sorted(set(adaptive_drafters) - set(FIXED_DRAFTERS))
     if unknown:
         raise BanditSpecValidationError("drafters", f"unknown drafter(s) {unknown}; choose from {FIXED_DRAFTERS}")
-    settings = RunSettings(model=args.model, max_draft_len=args.max_draft_len, seed=args.seed, threads=args.threads,
-                           adaptive_drafters=adaptive_drafters)
+    settings = RunSettings(model=args.model, max_draft_len=args.max_draft_len, seed=args.seed,
+                           temperature=args.temperature, threads=args.threads, adaptive_drafters=adaptive_drafters)
     if args.through_triton:
         from banditspec_client.bench.through_triton import TritonRunner
 
@@ -143,16 +179,22 @@ def measure(runner: Runner, methods: list[Method], prompt_lists: dict[str, list[
     return usable, skipped, records
 
 
+def is_greedy(setup: dict) -> bool:
+    return not float(setup.get("temperature", 0.0) or 0.0) > 0.0
+
+
 def write_results(out: Path, *, command: str, setup: dict, usable: list[Method], skipped: dict[str, str],
                   records: list[RunRecord], plot_prompts: int) -> list[Path]:
     """results.md, results.json and the PNG plots into ``out``; returns their paths."""
     from banditspec_client.bench.compare.plots import write_plots
 
     names = [m.name for m in usable]
-    summaries = summarize(records, names)
-    cpu_summaries = summarize(records, names, clock="cpu") if all(r.cpu_seconds for r in records) else None
-    decode_summaries = summarize(records, names, clock="decode") if all(r.step_ms for r in records) else None
-    title = f"BanditSpec benchmark ({setup['mode']}, {setup['model']})"
+    greedy = is_greedy(setup)
+    summaries = summarize(records, names, greedy=greedy)
+    cpu_summaries = summarize(records, names, clock="cpu", greedy=greedy) if all(r.cpu_seconds for r in records) else None
+    decode_summaries = (summarize(records, names, clock="decode", greedy=greedy) if all(r.step_ms for r in records)
+                        else None)
+    title = f"BanditSpec benchmark ({setup['mode']}, {setup['model']}, {sampling_label(setup)})"
     report = markdown_report(summaries, title=title, command=command, setup=setup, skipped=skipped,
                              records=records, cpu_summaries=cpu_summaries, decode_summaries=decode_summaries)
     (out / "results.md").write_text(report)
@@ -164,6 +206,11 @@ def write_results(out: Path, *, command: str, setup: dict, usable: list[Method],
     (out / "results.json").write_text(json.dumps(payload, separators=(",", ":")))
     plots = write_plots(summaries, records, out, prompts_shown=plot_prompts, cpu_summaries=cpu_summaries)
     return [out / "results.md", out / "results.json", *plots]
+
+
+def sampling_label(setup: dict) -> str:
+    temperature = float(setup.get("temperature", 0.0) or 0.0)
+    return f"sampled, temperature {temperature:g}" if temperature > 0 else "greedy"
 
 
 def rewrite_from_json(path: Path, out: Path | None, plot_prompts: int) -> list[Path]:
@@ -184,8 +231,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(max(1, args.threads))
+    check_temperature(args.temperature)
+    if args.workload is not None and MULTITURN in [w.strip() for w in args.workload.split(",")]:
+        return run_multiturn(args)
     workloads, n_prompts, max_tokens = resolve(args)
-    methods = parse_methods(args.methods, args.reward)
+    methods = parse_methods(args.methods or DEFAULT_METHODS, args.reward)
+    methods, added = with_fixed_arms(methods, _adaptive_drafters(args))
+    if added:
+        print(f"also running fixed arm(s) {', '.join(added)}: the adaptive methods may choose them", file=sys.stderr)
     out = args.out or _default_out()
     out.mkdir(parents=True, exist_ok=True)
     if args.prompts_file is not None:
@@ -195,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         for prompt in load_prompts_file(args.prompts_file):
             prompt_lists.setdefault(prompt.workload, []).append(prompt)
     else:
-        prompt_lists = {w: load_workload(w, n_prompts, seed=args.seed) for w in workloads}
+        prompt_lists = {w: load_workload(w, n_prompts, seed=args.seed, split=args.split) for w in workloads}
     started = time.time()
     runner = _make_runner(args, methods, out)
     try:
@@ -206,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
         "mode": runner.label,
         "model": args.model,
         "workloads": ", ".join(f"{w} ({len(p)} prompts)" for w, p in prompt_lists.items()),
+        "split": "your prompts file" if args.prompts_file is not None else describe(args.split),
+        "temperature": args.temperature,
+        "decoding": "greedy" if args.temperature == 0 else f"sampled (temperature {args.temperature:g}, seed {args.seed})",
         "max_tokens": max_tokens,
         "max_draft_len (L)": args.max_draft_len,
         "reward": args.reward,
@@ -222,6 +278,67 @@ def run(args: argparse.Namespace) -> int:
     }
     paths = write_results(out, command=command_line(sys.argv), setup=setup, usable=usable, skipped=skipped,
                           records=records, plot_prompts=args.plot_prompts)
+    print(paths[0].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def _adaptive_drafters(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(d.strip() for d in args.drafters.split(",") if d.strip())
+
+
+def run_multiturn(args: argparse.Namespace) -> int:
+    """``--workload multiturn``: conversations through the OpenAI chat API of a real tritonserver."""
+    import torch
+
+    from banditspec_client.bench import multiturn
+    from banditspec_client.bench.workloads import load_conversations
+
+    if [w.strip() for w in args.workload.split(",") if w.strip()] != [MULTITURN]:
+        raise BanditSpecValidationError("workload", f"{MULTITURN} runs alone (conversations, not single prompts)")
+    if args.prompts_file is not None:
+        raise BanditSpecValidationError("prompts_file", f"not with --workload {MULTITURN}")
+    if args.reward != "accepted":
+        raise BanditSpecValidationError("reward", f"{MULTITURN} goes through the OpenAI API, which has no reward field")
+    methods = parse_methods(args.methods or MULTITURN_METHODS)
+    n = args.prompts if args.prompts is not None else FULL["prompts"]
+    max_tokens = args.max_tokens if args.max_tokens is not None else FULL["max_tokens"]
+    conversations = load_conversations(n, turns=args.turns, seed=args.seed, split=args.split)
+    out = args.out or _default_out()
+    out.mkdir(parents=True, exist_ok=True)
+    settings = RunSettings(model=args.model, max_draft_len=args.max_draft_len, seed=args.seed,
+                           temperature=args.temperature, threads=args.threads,
+                           adaptive_drafters=_adaptive_drafters(args))
+    started = time.time()
+    runner = multiturn.ConversationRunner(settings, methods, log_path=out / "tritonserver.log").__enter__()
+    try:
+        usable, skipped = runner.available(methods)
+        for name, reason in skipped.items():
+            print(f"skipping {name}: {reason}", file=sys.stderr)
+        with _progress(len(conversations) * len(usable), args.no_progress) as progress:
+            records = multiturn.run_conversations(runner, conversations, usable, max_tokens, progress)
+        arms = ", ".join(f"{d}@{args.max_draft_len}" for d in runner.adaptive_arms)
+    finally:
+        runner.close()
+    setup = {
+        "mode": "OpenAI chat API over triton",
+        "model": args.model,
+        "workload": f"{MULTITURN} ({len(conversations)} conversations, {args.turns} user turns each)",
+        "split": describe(args.split),
+        "temperature": args.temperature,
+        "decoding": "greedy" if args.temperature == 0 else f"sampled (temperature {args.temperature:g}, seed {args.seed})",
+        "max_tokens": max_tokens,
+        "max_draft_len (L)": args.max_draft_len,
+        "adaptive arm set": arms,
+        "target prefix cache": f"{multiturn.CACHE_ENTRIES} entries, emptied before each conversation",
+        "seed": args.seed,
+        "threads": args.threads,
+        "cpu": cpu_description(),
+        "torch": torch.__version__,
+        "wall time": f"{(time.time() - started) / 60:.1f} min",
+    }
+    paths = multiturn.write_results(out, command=command_line(sys.argv), setup=setup, methods=usable, skipped=skipped,
+                                    records=records, greedy=args.temperature == 0)
     print(paths[0].read_text())
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0

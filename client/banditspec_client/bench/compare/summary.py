@@ -5,10 +5,14 @@ Definitions (per workload, over the prompts every compared method finished):
 * tokens/s: pooled, sum of generated tokens / sum of request seconds;
 * MAT (mean accepted tokens): pooled, sum of generated tokens / sum of target calls;
 * speedup: tokens/s of the method / tokens/s of ``vanilla`` (plain decoding);
-* best fixed arm: the fixed-arm method (pld, suffix, rest, eagle) with the highest tokens/s;
+* best fixed arm: the fixed-arm method (pld, suffix, rest, eagle, copy) with the highest tokens/s;
+  ``banditspec bench`` runs the fixed arm of every drafter the adaptive methods may choose, so
+  the best fixed arm is chosen among all of them;
 * oracle: per prompt, the fixed-arm method that was fastest on *that* prompt; its
   tokens/s is pooled over the prompts like any method's. ``vs oracle`` = method / oracle;
-* lossless: under greedy decoding every method must produce vanilla's exact output;
+* lossless: under greedy decoding every method must produce vanilla's exact output (sampled
+  runs are not compared token by token: speculative sampling keeps the target's distribution,
+  not its draw for a given seed);
 * interval (adaptive methods): a paired bootstrap over the prompts of ``vs best fixed``,
   the best fixed arm re-chosen in every resample as the table chooses it; its central 90 %
   says how far the prompts alone could move the ratio (on this CPU about +-3.5 % at 24
@@ -75,6 +79,7 @@ class WorkloadSummary:
     oracle_tokens_per_second: float | None = None
     oracle_choices: dict[str, int] = field(default_factory=dict)  # fixed arm -> prompts it was best on
     lossless_mismatches: list[tuple[str, str]] = field(default_factory=list)  # (prompt, method)
+    greedy: bool = True  # False: sampled, outputs not compared with vanilla's
 
     def get(self, method: str) -> MethodSummary | None:
         return next((m for m in self.methods if m.method == method), None)
@@ -158,9 +163,10 @@ def best_fixed_interval(prompts: dict[str, dict[str, RunRecord]], method: str, f
 
 
 def summarize_workload(workload: str, records: Sequence[RunRecord], methods: Sequence[str],
-                       clock: str = "wall") -> WorkloadSummary:
+                       clock: str = "wall", *, greedy: bool = True) -> WorkloadSummary:
     """One workload's table; only prompts on which every method in ``methods`` ran count.
-    ``clock``: "wall" (request wall time) or "cpu" (CPU time of the serving processes)."""
+    ``clock``: "wall" (request wall time) or "cpu" (CPU time of the serving processes);
+    ``greedy``: False for sampled runs (no output comparison with vanilla)."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}")
     prompts = {pid: runs for pid, runs in by_prompt(r for r in records if r.workload == workload).items()
@@ -176,7 +182,7 @@ def summarize_workload(workload: str, records: Sequence[RunRecord], methods: Seq
             totals[m].steps += r.steps - (1 if clock == "decode" and r.steps else 0)
             if VANILLA in runs and run_rate(runs[VANILLA], clock) > 0:
                 speedups[m].append(run_rate(r, clock) / run_rate(runs[VANILLA], clock))
-            if VANILLA in runs and r.output_digest != runs[VANILLA].output_digest:
+            if greedy and VANILLA in runs and r.output_digest != runs[VANILLA].output_digest:
                 mismatches.append((pid, m))
         winner = max(methods, key=lambda m: run_rate(runs[m], clock))
         totals[winner].prompts_won += 1
@@ -186,7 +192,7 @@ def summarize_workload(workload: str, records: Sequence[RunRecord], methods: Seq
             oracle_tokens += run_tokens(runs[best], clock)
             oracle_seconds += run_seconds(runs[best], clock)
     summary = WorkloadSummary(workload, [totals[m] for m in methods], list(prompts), clock=clock,
-                              lossless_mismatches=mismatches)
+                              lossless_mismatches=mismatches, greedy=greedy)
     vanilla = totals.get(VANILLA)
     fixed = [totals[m] for m in methods if is_fixed_arm(m)]
     if fixed and prompts:
@@ -208,9 +214,10 @@ def summarize_workload(workload: str, records: Sequence[RunRecord], methods: Seq
     return summary
 
 
-def summarize(records: Sequence[RunRecord], methods: Sequence[str], clock: str = "wall") -> list[WorkloadSummary]:
+def summarize(records: Sequence[RunRecord], methods: Sequence[str], clock: str = "wall", *,
+              greedy: bool = True) -> list[WorkloadSummary]:
     workloads = list(dict.fromkeys(r.workload for r in records))
-    return [summarize_workload(w, records, methods, clock) for w in workloads]
+    return [summarize_workload(w, records, methods, clock, greedy=greedy) for w in workloads]
 
 
 # -- targets ---------------------------------------------------------------------------
@@ -314,9 +321,13 @@ def markdown_report(summaries: Sequence[WorkloadSummary], *, title: str, command
     cpu_by_workload = {s.workload: s for s in cpu_summaries or ()}
     decode_by_workload = {s.workload: s for s in decode_summaries or ()}
     for s in summaries:
-        parts += [f"## {s.workload} ({len(s.prompt_ids)} prompts, best fixed arm: {s.best_fixed or MISSING})", "",
-                  markdown_table(s), ""]
-        if s.lossless_mismatches:
+        among = ", ".join(m.method for m in s.methods if is_fixed_arm(m.method)) or MISSING
+        parts += [f"## {s.workload} ({len(s.prompt_ids)} prompts, best fixed arm: {s.best_fixed or MISSING}, "
+                  f"among {among})", "", markdown_table(s), ""]
+        if not s.greedy:
+            parts += ["Sampled: outputs are not compared token by token with vanilla's (speculative sampling keeps "
+                      "the target's distribution, not its draw for a seed).", ""]
+        elif s.lossless_mismatches:
             shown = ", ".join(f"{m} on {p}" for p, m in s.lossless_mismatches[:5])
             parts += [f"**Output differs from vanilla** ({len(s.lossless_mismatches)} runs): {shown}", ""]
         elif s.get(VANILLA) is not None:
@@ -347,6 +358,7 @@ def summary_dict(summary: WorkloadSummary) -> dict:
     return {
         "workload": summary.workload,
         "clock": summary.clock,
+        "greedy": summary.greedy,
         "prompts": summary.prompt_ids,
         "best_fixed": summary.best_fixed,
         "oracle_tokens_per_second": summary.oracle_tokens_per_second,
