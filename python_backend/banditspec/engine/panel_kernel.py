@@ -58,7 +58,7 @@ def _configure(library: ctypes.CDLL) -> str | None:
     library.bs_panel_set_isa.argtypes = [ctypes.c_int]
     library.bs_panel_set_isa.restype = ctypes.c_int
     library.bs_panel_isa.restype = ctypes.c_int
-    library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr] + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
+    library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, *[i64] * 5, ctypes.c_float, ctypes.c_int]
     library.bs_attention.restype = None
     library.bs_i8_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64]
     library.bs_i8_gemm.restype = None
