@@ -1,12 +1,14 @@
 /* What the engine's kernels share: the panel width, the threading threshold and the
  * functions one kernel calls in another (gemm.c, attention.c, int8.c, eagle_step.c are
- * compiled together into one library; panel_kernel.py builds and loads it).
+ * compiled together into one library, declared in engine/panel_kernel.py and built by
+ * banditspec.native).
  *
  * Every file is compiled without a global -mavx2: only the kernels carry a target
  * attribute, and bs_panel_cpu_ok() (gemm.c) says whether the running CPU has AVX2 and
- * FMA, which every kernel of the library needs. Without -ffast-math and with
- * -fno-tree-vectorize no compiler choice reorders a reduction: the orders written in the
- * kernels are the orders computed, which their exactness arguments rely on.
+ * FMA, which every kernel of the library needs. Without -ffast-math, with
+ * -fno-tree-vectorize and -std=c11 (no FMA contraction) no compiler choice reorders or
+ * fuses a reduction: the orders written in the kernels are the orders computed, which
+ * their exactness arguments rely on.
  */
 #ifndef BANDITSPEC_KERNELS_COMMON_H
 #define BANDITSPEC_KERNELS_COMMON_H
