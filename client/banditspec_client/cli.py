@@ -101,9 +101,11 @@ def _cmd_build(args) -> int:
         print(default_datastore(load_tokenizer("smollm2")))
         return 0
     if args.what == "kernels":
+        from banditspec.drafters.rest_datastore import build_text_search
         from banditspec.engine import panel_kernel
 
         print(panel_kernel.build(force=args.force))
+        print(build_text_search(force=args.force))
         if panel_kernel.load() is None:
             print(f"warning: built, but it cannot run here: {panel_kernel.unavailable_reason()}")
         return 0
@@ -156,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = build_sub.add_parser("model", help="convert SmolLM2 (GGUF) and the tiny test model")
     model.add_argument("--models", default="smollm2,tiny")
     build_sub.add_parser("rest", help="the default REST datastore")
-    kernels = build_sub.add_parser("kernels", help="compile the engine's panel kernels (C, needs a C compiler)")
+    kernels = build_sub.add_parser("kernels", help="compile the C libraries: the engine's kernels, REST's text search (needs a C compiler)")
     kernels.add_argument("--force", action="store_true", help="rebuild even when cached")
     eagle = build_sub.add_parser("eagle", help="train the Eagle draft head")
     _try_add_arguments("banditspec_train.eagle.train", eagle)

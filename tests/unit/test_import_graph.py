@@ -2,7 +2,7 @@
 function-level lazy ones included) of banditspec, banditspec_client and banditspec_train has no
 cycle between modules, nor between the packages they live in (``drafters`` <-> ``eagle``); and
 the serving package (banditspec, and the Triton models that run it) never imports the offline
-training package (banditspec_train)."""
+training package (banditspec_train); and the drafters that search text never reach the engine."""
 
 from __future__ import annotations
 
@@ -142,3 +142,42 @@ def test_the_serving_package_never_imports_the_training_package():
         targets = imported(ast.parse(path.read_text(), str(path)), "model", False, set(graph))
         assert not targets & training, f"{path.relative_to(ROOT)} imports offline training"
         assert any(t.split(".")[0] == SERVING.name for t in targets), path  # the check sees its imports
+
+
+# Drafters that run a model (a draft model, an Eagle head, their registry) use the engine's
+# layers and contract; every other drafter only searches text and must not reach the engine
+# (REST's C search is its own library, banditspec.native builds both).
+MODEL_DRAFTERS = {
+    "banditspec.drafters.draft_model",
+    "banditspec.drafters.eagle",
+    "banditspec.drafters.eagle_remote",
+    "banditspec.drafters.eagle_service",
+    "banditspec.drafters.registry",
+}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_text_search_drafters_never_reach_the_engine():
+    graph = import_graph()
+    drafters = {m for m in graph if m == "banditspec.drafters" or m.startswith("banditspec.drafters.")}
+    assert {"banditspec.drafters.rest", "banditspec.drafters.rest_datastore", "banditspec.drafters.pld"} <= drafters
+    assert MODEL_DRAFTERS <= drafters
+    # the check sees the engine where it is imported, lazily too (eagle's model_dir)
+    assert "banditspec.engine.models" in graph["banditspec.drafters.eagle"]
+    offenders = {
+        module: sorted(t for t in reachable(graph, module) if t == "banditspec.engine" or t.startswith("banditspec.engine."))
+        for module in sorted(drafters - MODEL_DRAFTERS)
+    }
+    assert {m: found for m, found in offenders.items() if found} == {}, "a text-search drafter reaches the engine"
+    assert "banditspec.native" in graph["banditspec.drafters.rest_datastore"]
+    assert not any(t.startswith("banditspec.engine") for t in reachable(graph, "banditspec.native"))

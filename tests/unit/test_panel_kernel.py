@@ -67,10 +67,13 @@ def test_shapes_threads_and_inputs(library):
         torch.set_num_threads(threads)
 
 
-def test_build_is_cached_and_keyed_by_source(library):
+def test_build_is_cached_and_keyed_by_every_source(library):
     path = panel_kernel.build()
     assert path.exists() and path.parent.parent.name == "kernels"
     assert panel_kernel.build() == path  # no rebuild
+    # every file of kernels/ is a source of the one library (so it is in the cache key)
+    assert sorted(p.name for p in panel_kernel.LIBRARY.sources) == sorted(p.name for p in panel_kernel.KERNELS.iterdir())
+    assert "-fno-tree-vectorize" in panel_kernel.LIBRARY.flags and "-fopenmp" in panel_kernel.LIBRARY.flags
 
 
 def test_engine_keeps_freed_memory_in_the_heap():

@@ -152,12 +152,10 @@ def test_default_datastore_with_smollm2_tokenizer():
 
 def random_store(tmp_path, rng, alphabet, separator, *, spread, docs, longest):
     """(documents, their datastore, the lowest id) of random ids: 0 .. alphabet - 1 (separator
-    None), or the ``spread`` ids just below ``separator`` (large ids); skips the test without
-    the kernel library (what the tests using it compare against)."""
-    from banditspec.engine import panel_kernel
-
-    if panel_kernel.load() is None:
-        pytest.skip(f"kernel library unavailable: {panel_kernel.unavailable_reason()}")
+    None), or the ``spread`` ids just below ``separator`` (large ids). The C search library
+    must build and load here (plain C: any CPU with a C compiler), as the set-up does."""
+    library = rest_datastore.load_text_search()
+    assert library is not None, f"the text-search library must build here: {rest_datastore.TEXT_SEARCH.unavailable_reason()}"
     low = 0 if separator is None else alphabet - spread
     high = alphabet if separator is None else separator
     documents = [rng.integers(low, high, size=int(rng.integers(1, longest))) for _ in range(docs)]
@@ -216,3 +214,22 @@ def test_the_c_continuation_is_the_python_continuation(tmp_path, alphabet, separ
                 long_ones += len(native) > 2
                 subsets += hi - lo > max_matches
     assert compared > 1500 and long_ones > 100 and subsets > 200
+
+
+def test_text_search_needs_neither_the_engine_nor_torch():
+    """The C search is its own library: a fresh process loads it and searches without
+    importing the engine's modules (or torch), and the library carries no engine kernel."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from banditspec.drafters import rest, rest_datastore\n"
+        "library = rest_datastore.load_text_search()\n"
+        "assert library is not None, rest_datastore.TEXT_SEARCH.unavailable_reason()\n"
+        "assert not hasattr(library, 'bs_panel_gemm')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('banditspec.engine') or m == 'torch'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -10,7 +10,7 @@ At most ``max_matches`` occurrences are read (evenly spaced over the range).
 
 Only the last ``max_suffix`` context tokens matter, so a proposal costs the same at any
 context length: a binary search over the suffix length (a shorter suffix of a present one
-is present) with O(m log N) comparisons each (in C when the kernel library loads:
+is present) with O(m log N) comparisons each (in C when the text-search library loads:
 TokenDatastore.longest_suffix), then vectorised counting.
 """
 
@@ -74,12 +74,12 @@ class RestDrafter:
 
     def continuation(self, match_len: int, lo: int, hi: int, max_len: int) -> list[int]:
         """The most frequent continuation of the occurrences in suffix-array rows [lo, hi): in C
-        when the kernel library loads (TokenDatastore.native_continuation), else here."""
+        when the text-search library loads (TokenDatastore.native_continuation), else here."""
         native = self.datastore.native_continuation(match_len, lo, hi, max_len, self.max_matches, self.min_share)
         return native if native is not None else self.continuation_python(match_len, lo, hi, max_len)
 
     def continuation_python(self, match_len: int, lo: int, hi: int, max_len: int) -> list[int]:
-        """:meth:`continuation` without the kernel library (and its reference in the tests)."""
+        """:meth:`continuation` without the text-search library (and its reference in the tests)."""
         store = self.datastore
         rows = np.arange(lo, hi) if hi - lo <= self.max_matches else np.linspace(lo, hi - 1, self.max_matches).astype(np.int64)
         # positions: int64 [n] corpus index of each occurrence's next token, sorted by continuation

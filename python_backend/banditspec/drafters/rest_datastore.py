@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from banditspec.errors import BanditSpecValidationError
+from banditspec.native import NativeLibrary
 from banditspec.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,32 @@ DEFAULT_DIR_NAME = "rest-datastore"
 DEFAULT_SHAREGPT_TOKENS = 2_500_000
 DEFAULT_CODE_TOKENS = 1_000_000
 _SKIPPED_STDLIB_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+# The search in C (kernels/suffix_array.c): its own small library, so that text search
+# needs neither the engine's kernels nor a vector ISA. Without it the Python search runs.
+TEXT_SEARCH = NativeLibrary("text_search", [Path(__file__).with_name("kernels") / "suffix_array.c"],
+                            fallback="the Python search")
+
+
+def build_text_search(*, force: bool = False) -> Path:
+    """Compile the C search into the cache (the set-up does, with the engine's kernels)."""
+    return TEXT_SEARCH.build(force=force)
+
+
+def load_text_search() -> ctypes.CDLL | None:
+    """The C search library (built on first use), or None when it cannot be built here."""
+    return TEXT_SEARCH.load(_declare_text_search)
+
+
+def _declare_text_search(library: ctypes.CDLL) -> str | None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.bs_sa_range.argtypes = [ptr, i64, ptr, ptr, i64, ptr]
+    library.bs_sa_range.restype = None
+    library.bs_sa_longest.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, ptr]
+    library.bs_sa_longest.restype = None
+    library.bs_sa_continuation.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ctypes.c_double, ctypes.c_int32, i64, ptr]
+    library.bs_sa_continuation.restype = i64
+    return None  # plain C: runs on any CPU it compiles for
 
 
 class TokenDatastore:
@@ -68,7 +95,7 @@ class TokenDatastore:
         # so a suffix's first m tokens are one bytes slice away.
         self._keys = self.tokens.astype(">u4").tobytes()
         self._sa_view = self.suffix_array.data  # a memoryview of the array
-        self._native: Any = None  # the kernel library (engine.panel_kernel), once looked up
+        self._native: Any = None  # the C search library (TEXT_SEARCH), once looked up
         self._native_checked = False
         self._tokens_ptr, self._sa_ptr = self.tokens.ctypes.data, self.suffix_array.ctypes.data
 
@@ -91,8 +118,8 @@ class TokenDatastore:
     def longest_suffix(self, context: Sequence[int], min_len: int, max_len: int) -> tuple[int, int, int]:
         """(m, lo, hi): the longest suffix of ``context`` of ``min_len`` .. ``max_len`` tokens
         that occurs in the corpus (m = 0: none) and its rows [lo, hi). A binary search over
-        the length (a shorter suffix of a present one is present), in C when the kernel
-        library loads (engine.panel_kernel: one call instead of ~8 bisections with a Python
+        the length (a shorter suffix of a present one is present), in C when the search
+        library loads (:data:`TEXT_SEARCH`: one call instead of ~8 bisections with a Python
         key function, ~200 callbacks a lookup), else here."""
         native = self.native_search()
         if native is not None:
@@ -103,7 +130,7 @@ class TokenDatastore:
         return self.longest_suffix_python(context, min_len, max_len)
 
     def longest_suffix_python(self, context: Sequence[int], min_len: int, max_len: int) -> tuple[int, int, int]:
-        """:meth:`longest_suffix` without the kernel library (and its reference in the tests)."""
+        """:meth:`longest_suffix` without the C library (and its reference in the tests)."""
         best = (0, 0, 0)
         lo_len, hi_len = min_len - 1, min(max_len, len(context))
         while lo_len < hi_len:
@@ -116,13 +143,13 @@ class TokenDatastore:
         return best
 
     def native_search(self) -> Any:
-        """The kernel library's search (loaded, or built, on the first call), or None."""
+        """The C library's search (loaded, or built, on the first call), or None."""
         library = self._library()
         return None if library is None else library.bs_sa_longest
 
     def native_continuation(self, match_len: int, lo: int, hi: int, max_len: int, max_matches: int,
                             min_share: float) -> list[int] | None:
-        """RestDrafter.continuation in C (the kernel library's ``bs_sa_continuation``: ~10 numpy
+        """RestDrafter.continuation in C (the search library's ``bs_sa_continuation``: ~10 numpy
         calls a drafted token otherwise); None without the library."""
         library = self._library()
         if library is None:
@@ -134,9 +161,7 @@ class TokenDatastore:
 
     def _library(self) -> Any:
         if not self._native_checked:
-            from banditspec.engine import panel_kernel
-
-            self._native = panel_kernel.load()
+            self._native = load_text_search()
             self._native_checked = True
         return self._native
 

@@ -13,7 +13,7 @@ run, because at one to a few positions per call the head's cost is mostly per-op
   heads directly (``enable_gqa``) instead of copying them out;
 * RMSNorm is one fused op.
 
-With int8 weights and the engine's C kernels (``engine/kernels/panel_gemm.c``,
+With int8 weights and the engine's C kernels (``engine/kernels/eagle_step.c``,
 ``bs_eagle_step``) the whole step is one native call instead: a head call comes right after a
 target forward has evicted the caches, and then each of the ~25 torch ops would pay its own
 misses (dispatcher, kernel code, fbgemm's packed-weight metadata). Same math with the weights quantized the same way (per output row);

@@ -1,13 +1,13 @@
-"""The panel GEMM kernel (kernels/panel_gemm.c): build once, load, and wrap as a linear layer.
+"""The engine's C kernels (kernels/: gemm.c, attention.c, int8.c, eagle_step.c): one
+library, built once, loaded, and the GEMM wrapped as a linear layer.
 
-The C source is compiled with the system C compiler into the cache folder
-(``<cache>/kernels/<source hash>/``) the first time it is needed (about a second;
-``banditspec build-kernels`` or the set-up does it ahead of time) and loaded with
-ctypes: no torch headers, no build system. A missing compiler, a CPU without AVX2
+:data:`LIBRARY` is compiled with the system C compiler into the cache the first time it is
+needed (``banditspec build kernels`` or the set-up does it ahead of time; see
+:mod:`banditspec.native`) and loaded with ctypes. A missing compiler, a CPU without AVX2
 and FMA, or a failed build make :func:`load` return None with the reason in
 :func:`unavailable_reason`; callers fall back to torch's kernels.
 
-Why it exists and why it is exact: see the header of panel_gemm.c. In short, the
+Why the GEMM exists and why it is exact: see the header of kernels/gemm.c. In short, the
 weight streams from memory once per call whatever the number of rows, and each output
 is one FMA chain over k in a fixed order, so a row computed in a 5-row verify step is
 bitwise the row a 1-row decode step computes.
@@ -16,115 +16,65 @@ bitwise the row a 1-row decode step computes.
 from __future__ import annotations
 
 import ctypes
-import fcntl
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
 
-from banditspec.paths import cache_dir
+from banditspec.native import COMPILE_FLAGS, NativeLibrary
 
-SOURCE = Path(__file__).with_name("kernels") / "panel_gemm.c"
-# -fno-tree-vectorize: no auto-vectorized loop may change an order or pick a vector expf
-# for some lengths only (the kernels are explicit AVX2 intrinsics; plain loops stay scalar).
-COMPILE_FLAGS = ("-O3", "-fno-tree-vectorize", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+KERNELS = Path(__file__).with_name("kernels")
+LIBRARY = NativeLibrary(
+    "panel",
+    [KERNELS / name for name in ("common.h", "gemm.c", "attention.c", "int8.c", "eagle_step.c")],
+    (*COMPILE_FLAGS, "-fopenmp"),
+    fallback="torch's kernels",
+    disable_env="BANDITSPEC_PANEL_KERNEL",
+)
 log = logging.getLogger("banditspec.engine")
-
-_lock = threading.Lock()
-_library: ctypes.CDLL | None = None
-_reason: str | None = None
-_loaded = False
-
-
-def _library_path() -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(COMPILE_FLAGS).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / digest / "libbanditspec_panel.so"
 
 
 def build(*, force: bool = False) -> Path:
-    """Compile the kernel into the cache (atomically; safe when several processes start at
-    once, e.g. Triton's model stubs). Returns the library path; raises on failure."""
-    target = _library_path()
-    if target.exists() and not force:
-        return target
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler found (set CC, or install gcc)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists() and not force:
-            return target
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            out = Path(tmp) / target.name
-            result = subprocess.run(
-                [compiler, *COMPILE_FLAGS, "-o", str(out), str(SOURCE)],
-                capture_output=True, text=True, timeout=300,
-            )
-            if result.returncode != 0:
-                raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[-2000:]}")
-            os.replace(out, target)
-    return target
+    """Compile the kernels into the cache (see :meth:`NativeLibrary.build`); returns the
+    library's path, raises on failure."""
+    return LIBRARY.build(force=force)
 
 
 def load() -> ctypes.CDLL | None:
     """The loaded kernel library, building it if needed; None when it cannot run here."""
-    global _library, _reason, _loaded
-    with _lock:
-        if _loaded:
-            return _library
-        _loaded = True
-        if os.environ.get("BANDITSPEC_PANEL_KERNEL", "1") == "0":
-            _reason = "disabled by BANDITSPEC_PANEL_KERNEL=0"
-            return None
-        try:
-            library = ctypes.CDLL(str(build()))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-            _reason = str(error)
-            log.warning("panel kernel unavailable (%s); using torch's kernels", error)
-            return None
-        if not library.bs_panel_cpu_ok():
-            _reason = "this CPU lacks AVX2 or FMA"
-            return None
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        library.bs_panel_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
-        library.bs_panel_gemm.restype = None
-        library.bs_panel_stride.argtypes = [i64]
-        library.bs_panel_stride.restype = i64
-        library.bs_panel_width.restype = ctypes.c_int
-        library.bs_panel_set_isa.argtypes = [ctypes.c_int]
-        library.bs_panel_set_isa.restype = ctypes.c_int
-        library.bs_panel_isa.restype = ctypes.c_int
-        library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr] + [i64] * 5 + [ctypes.c_float, ctypes.c_int]
-        library.bs_attention.restype = None
-        library.bs_i8_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64]
-        library.bs_i8_gemm.restype = None
-        library.bs_i8_stride.argtypes = [i64]
-        library.bs_i8_stride.restype = i64
-        library.bs_i8_max_rows.restype = ctypes.c_int
-        library.bs_i8_group_columns.restype = ctypes.c_int
-        library.bs_eagle_step.argtypes = [i64] * 6 + [ctypes.c_float] + [ptr] * 11 + [i64, i64, ptr, i64]
-        library.bs_eagle_step.restype = ctypes.c_int
-        library.bs_sa_range.argtypes = [ptr, i64, ptr, ptr, i64, ptr]
-        library.bs_sa_range.restype = None
-        library.bs_sa_longest.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, ptr]
-        library.bs_sa_longest.restype = None
-        library.bs_sa_continuation.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ctypes.c_double, ctypes.c_int32, i64, ptr]
-        library.bs_sa_continuation.restype = i64
-        want = os.environ.get("BANDITSPEC_PANEL_ISA", "auto")
-        if want not in ("auto", "avx2", "avx512"):
-            log.warning("BANDITSPEC_PANEL_ISA=%r is not auto | avx2 | avx512; using auto", want)
-            want = "auto"
-        # auto: AVX-512 where the CPU has it (bitwise the same outputs as AVX2, see panel_gemm.c)
-        library.bs_panel_set_isa(256 if want == "avx2" else 512)
-        _library = library
-        return library
+    return LIBRARY.load(_configure)
+
+
+def _configure(library: ctypes.CDLL) -> str | None:
+    if not library.bs_panel_cpu_ok():
+        return "this CPU lacks AVX2 or FMA"
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.bs_panel_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
+    library.bs_panel_gemm.restype = None
+    library.bs_panel_stride.argtypes = [i64]
+    library.bs_panel_stride.restype = i64
+    library.bs_panel_width.restype = ctypes.c_int
+    library.bs_panel_set_isa.argtypes = [ctypes.c_int]
+    library.bs_panel_set_isa.restype = ctypes.c_int
+    library.bs_panel_isa.restype = ctypes.c_int
+    library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, *[i64] * 5, ctypes.c_float, ctypes.c_int]
+    library.bs_attention.restype = None
+    library.bs_i8_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64]
+    library.bs_i8_gemm.restype = None
+    library.bs_i8_stride.argtypes = [i64]
+    library.bs_i8_stride.restype = i64
+    library.bs_i8_max_rows.restype = ctypes.c_int
+    library.bs_i8_group_columns.restype = ctypes.c_int
+    library.bs_eagle_step.argtypes = [i64] * 6 + [ctypes.c_float] + [ptr] * 11 + [i64, i64, ptr, i64]
+    library.bs_eagle_step.restype = ctypes.c_int
+    want = os.environ.get("BANDITSPEC_PANEL_ISA", "auto")
+    if want not in ("auto", "avx2", "avx512"):
+        log.warning("BANDITSPEC_PANEL_ISA=%r is not auto | avx2 | avx512; using auto", want)
+        want = "auto"
+    # auto: AVX-512 where the CPU has it (bitwise the same outputs as AVX2, see gemm.c)
+    library.bs_panel_set_isa(256 if want == "avx2" else 512)
+    return None
 
 
 def isa(library: ctypes.CDLL | None = None) -> str | None:
@@ -155,7 +105,7 @@ def set_isa(library: ctypes.CDLL, name: str) -> str:
 
 def unavailable_reason() -> str | None:
     """Why :func:`load` returned None (None when it loaded or was not tried)."""
-    return _reason
+    return LIBRARY.unavailable_reason()
 
 
 def float_rows(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -202,7 +152,7 @@ class PanelLinear:
 class PanelInt8Linear:
     """y ~= x @ W^T for x float32 [..., in], W [out, in] quantized per output row to int8
     (symmetric, scale = max |W[n]| / 127), x kept in float32; on the kernel's int8 GEMM
-    (``bs_i8_gemm`` in panel_gemm.c). For drafting heads only: not the exact kernel.
+    (``bs_i8_gemm``, kernels/int8.c). For drafting heads only: not the exact kernel.
 
     The weight is stored once in int8 panels of 16 output columns (packed[p][k][j] =
     Wq[16 p + j][k]), ``out`` padded with zero rows to whole groups of panels.
@@ -254,7 +204,7 @@ def attention(
     hi: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Grouped-query attention in a fixed reduction order (see panel_gemm.c).
+    """Grouped-query attention in a fixed reduction order (see kernels/attention.c).
 
     q: float32 [B, H, T, D] (any strides, D contiguous); k, v: float32 [B, KVH, L, D] with
     rows of D contiguous floats (views of a longer buffer are fine; k and v strided alike);
