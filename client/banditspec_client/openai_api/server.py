@@ -7,6 +7,7 @@ import argparse
 import logging
 import threading
 import time
+from typing import Callable
 
 import uvicorn
 
@@ -25,9 +26,10 @@ class OpenAIServer:
     """uvicorn serving the app in a background thread; ``stop()`` shuts it down."""
 
     def __init__(self, triton_url: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, tokenizer=None,
-                 model: str = "smollm2", tokenizer_dir: str = "", model_id: str = "banditspec"):
+                 model: str = "smollm2", tokenizer_dir: str = "", model_id: str = "banditspec",
+                 retry_after: Callable[[], int] | None = None):
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, tokenizer_dir)
-        app = create_app(triton_url, tokenizer=tokenizer, model_id=model_id)
+        app = create_app(triton_url, tokenizer=tokenizer, model_id=model_id, retry_after=retry_after)
         self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
         self.server = uvicorn.Server(self.config)
         self.thread: threading.Thread | None = None

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -120,9 +121,12 @@ class TritonBackend:
         async def one_request():
             yield request
 
-        responses = self.client.stream_infer(one_request())
         try:
-            async for result, error in responses:
+            responses = self.client.stream_infer(one_request())
+        except InferenceServerException as exc:
+            raise TritonError(_status(exc), exc.message()) from None
+        try:
+            async for result, error in _transport_errors(responses):
                 if error is not None:
                     raise TritonError(_status(error), error.message())
                 response = result.get_response()
@@ -136,6 +140,23 @@ class TritonBackend:
                     return
         finally:
             responses.cancel()  # no-op after the final response; cancels the request otherwise
+
+
+async def _transport_errors(responses):
+    """The stream's items; a broken connection (the server went away, or restarts) is a TritonError
+    with its gRPC status (UNAVAILABLE, CANCELLED ...), not the grpc library's own exception."""
+    iterator = responses.__aiter__()
+    while True:
+        try:
+            item = await iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            raise TritonError(code.name if code is not None else "UNKNOWN",
+                              f"the inference server closed the stream ({details})") from None
+        yield item
 
 
 def _status(error: InferenceServerException) -> str:
