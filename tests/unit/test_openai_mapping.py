@@ -42,6 +42,7 @@ def test_unsupported_fields_are_refused_by_name(kw, param):
         ("server busy: 8 sequences in flight (max_concurrent_sequences); retry later", 503, None),
         ("target engine failed: target: Stub process 'target_0_0' is not healthy. (retry after 21 s)", 503, None),
         ("server busy: 64 waiting (max_queue); retry later (retry after 3 s)", 503, None),
+        ("Request for unknown model: 'banditspec' has no available versions", 503, None),  # unloading: restart
         ("target engine failed: target: boom", 500, None),  # no hint: the target failed, it is not down
         ("decoding failed (RuntimeError)", 500, None),
     ],

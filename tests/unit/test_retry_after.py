@@ -2,7 +2,7 @@
 
 import pytest
 
-from banditspec.errors import parse_retry_after, retry_after_message
+from banditspec.errors import model_down, parse_retry_after, retry_after_message
 
 
 @pytest.mark.parametrize("seconds", [1, 2, 20, 3600])
@@ -27,3 +27,14 @@ def test_messages_without_a_valid_hint_give_none(msg: str) -> None:
 
 def test_trailing_whitespace_and_outer_text_are_tolerated() -> None:
     assert parse_retry_after("in model 'banditspec': queue full (retry after 3 s)\n") == 3
+
+
+@pytest.mark.parametrize("msg, down", [
+    ("target engine failed: target: Stub process 'target_0_0' is not healthy.", True),
+    ("Request for unknown model: 'banditspec' has no available versions", True),
+    ("target engine failed: no_such_model: Model no_such_model - ... Model 'no_such_model' is not ready.", True),
+    ("target engine failed: target: the context of 80 tokens is exceeded", False),
+    ("max_tokens: must be >= 1", False),
+])
+def test_triton_words_for_a_down_model(msg: str, down: bool) -> None:
+    assert model_down(msg) is down

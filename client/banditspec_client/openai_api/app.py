@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from banditspec.errors import parse_retry_after, retry_after_message
+from banditspec.errors import model_down, parse_retry_after, retry_after_message
 from banditspec.text import render_chat, text_ids
 from banditspec_client.openai_api.triton import Chunk, ModelFacts, TritonBackend, TritonError
 
@@ -188,8 +188,8 @@ def _triton_error(exc: TritonError, prompt_param: str, input_names=frozenset(),
     if not status:
         if field in input_names:
             status = 400
-        elif message.startswith(BUSY_PREFIXES):
-            status = 503
+        elif message.startswith(BUSY_PREFIXES) or model_down(message):
+            status = 503  # the model is down (Triton's words) or full: the server's side
         else:
             status = 500
     if status == 503:

@@ -18,6 +18,27 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 OUTPUTS = ("text_output", "speculation_stats")
+# gRPC's reconnect backoff grows to 120 s by default: a channel that found the server restarting
+# would answer "failed to connect" long after the server is back. Capped at 1 s here.
+RECONNECT_BACKOFF_MS = (("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                        ("grpc.max_reconnect_backoff_ms", 1000))
+
+
+def _channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own channel options (message sizes, keepalive) plus the capped backoff."""
+    from tritonclient.grpc import KeepAliveOptions
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        *RECONNECT_BACKOFF_MS,
+    ]
 
 
 class TritonError(Exception):
@@ -81,7 +102,7 @@ class TritonBackend:
     @property
     def client(self) -> grpcclient.InferenceServerClient:
         if self._client is None:  # created inside the serving event loop
-            self._client = grpcclient.InferenceServerClient(self.url)
+            self._client = grpcclient.InferenceServerClient(self.url, channel_args=_channel_args())
         return self._client
 
     async def close(self) -> None:

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from banditspec.errors import EngineError, parse_retry_after, retry_after_message
+from banditspec.errors import EngineError, model_down, parse_retry_after, retry_after_message
 from banditspec.heap import freeze_heap
 from banditspec.metrics import build_serving_metrics, triton_family_factory
 from banditspec.serving import INPUT_KINDS, stats_json
@@ -24,16 +24,7 @@ log = logging.getLogger("banditspec.model")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # pb_utils.TritonError exists only once the stub runs (not at auto-complete import time).
 ERROR_CODES = {"invalid": "INVALID_ARG", "unavailable": "UNAVAILABLE", "internal": "INTERNAL"}
-# Triton's words (2.51) for a model that cannot answer now: its stub died or hangs ("Stub process
-# 'target_0_0' is not healthy."), it is not loaded, or the server is stopping. Retrying helps once
-# the supervisor has restarted the server, so such a failure carries the retry hint.
-MODEL_DOWN = ("is not healthy", "is not ready", "unknown model", "server is stopping", "server is not ready")
-DEFAULT_RETRY_AFTER_S = 30
-
-
-def model_down(message):
-    lowered = message.lower()
-    return any(words in lowered for words in MODEL_DOWN)
+DEFAULT_RETRY_AFTER_S = 30  # a down target's hint before serve has measured a start-up
 
 
 def bls_infer(model_name, tensors, output_names):
