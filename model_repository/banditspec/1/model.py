@@ -117,8 +117,8 @@ class TritonSink:
         self.closed = final
 
     def fail(self, kind, message):
-        if model_down(message):
-            kind = "unavailable"  # a server-side condition, whatever the caller thought
+        if kind != "invalid" and model_down(message):  # a bad field stays the client's, whatever its words
+            kind = "unavailable"
             if parse_retry_after(message) is None:
                 message = retry_after_message(message, self._retry_after_s)
         code = getattr(pb_utils.TritonError, ERROR_CODES.get(kind, "INTERNAL"))
