@@ -52,10 +52,10 @@ def parse_retry_after(msg: str) -> int | None:
 
 # Triton's words (2.51) for a model that cannot answer now: its stub died or hangs ("Stub process
 # 'target_0_0' is not healthy."), it is not loaded or being unloaded ("Request for unknown model:
-# 'banditspec' has no available versions"), or the server is stopping. A server-side condition
-# that a restart ends: retryable, never the client's mistake.
+# 'banditspec' has no available versions"), or the server is stopping ("Server not ready" to a BLS
+# call in flight). A server-side condition that a restart ends: retryable, never the client's mistake.
 MODEL_DOWN_WORDS = ("is not healthy", "is not ready", "unknown model", "has no available versions",
-                    "server is stopping", "server is not ready")
+                    "server is stopping", "server not ready", "server is not ready")
 
 
 def model_down(message: str) -> bool:

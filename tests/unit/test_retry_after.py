@@ -33,6 +33,7 @@ def test_trailing_whitespace_and_outer_text_are_tolerated() -> None:
     ("target engine failed: target: Stub process 'target_0_0' is not healthy.", True),
     ("Request for unknown model: 'banditspec' has no available versions", True),
     ("target engine failed: no_such_model: Model no_such_model - ... Model 'no_such_model' is not ready.", True),
+    ("target engine failed: target: Server not ready", True),
     ("target engine failed: target: the context of 80 tokens is exceeded", False),
     ("max_tokens: must be >= 1", False),
 ])
