@@ -32,6 +32,12 @@ from typing import Mapping
 from banditspec.paths import REPO_ROOT, cache_dir
 
 SOURCE_REPOSITORY = REPO_ROOT / "model_repository"
+# The Python backend's stub runs an isolated interpreter (Triton 2.51: sys.flags.isolated, so
+# PYTHONPATH is ignored): it finds the core through the virtual environment's installed copy,
+# whichever checkout that was installed from. Its model directory is on its sys.path before
+# that copy is consulted, so a link there to this checkout's core makes the server run the
+# code of the checkout that rendered the repository.
+CORE_PACKAGE = REPO_ROOT / "python_backend" / "banditspec"
 
 
 def pytriton_dir() -> Path:
@@ -101,6 +107,8 @@ def render_repository(overrides: Mapping[str, Mapping[str, str]], source: Path =
     out = Path(tempfile.mkdtemp(prefix="repo-", dir=base))
     for model_dir in sorted(p for p in source.iterdir() if (p / "config.pbtxt").exists()):
         shutil.copytree(model_dir, out / model_dir.name, ignore=shutil.ignore_patterns("__pycache__"))
+        if CORE_PACKAGE.is_dir() and (out / model_dir.name / "1" / "model.py").exists():
+            (out / model_dir.name / CORE_PACKAGE.name).symlink_to(CORE_PACKAGE, target_is_directory=True)
         config = out / model_dir.name / "config.pbtxt"
         if model_dir.name in overrides:
             config.write_text(set_parameters(config.read_text(), overrides[model_dir.name]))
@@ -578,10 +586,15 @@ def run(args) -> int:
     signal.signal(signal.SIGINT, on_signal)
     print(f"starting tritonserver (model {args.model}; log: {args.log_file}) ...", file=sys.stderr, flush=True)
     openai_api = None
+    from banditspec_client.supervisor import Availability
+
+    availability = Availability()  # the start-up time measured here is what clients are told to wait
     try:
         try:
+            availability.starting()
             server.start()
             server.wait_ready(timeout=24 * 3600, cancel=stop_event)
+            availability.ready()
         except PortInUseError as exc:
             print(f"banditspec serve: {exc.flag} {exc.port}: {str(exc).split(': ', 1)[1]}", file=sys.stderr, flush=True)
             return 1
@@ -592,7 +605,8 @@ def run(args) -> int:
             from banditspec_client.openai_api.server import OpenAIServer
 
             openai_host = args.openai_host or getattr(args, "host", "127.0.0.1")
-            openai_api = OpenAIServer(server.grpc_url, host=openai_host, port=args.openai_port, model=args.model)
+            openai_api = OpenAIServer(server.grpc_url, host=openai_host, port=args.openai_port, model=args.model,
+                                      retry_after=availability.retry_after)
             openai_api.start()
             print(f"OpenAI API: {openai_api.url}/v1 (model 'banditspec')", file=sys.stderr, flush=True)
         if not stop["requested"]:
@@ -611,7 +625,7 @@ def run(args) -> int:
               file=sys.stderr, flush=True)
         return Supervisor(server, on_stub_death=getattr(args, "on_stub_death", "restart"),
                           drain_s=getattr(args, "drain_seconds", 30.0),
-                          hang_s=getattr(args, "hang_seconds", 60.0)).run(stop_event)
+                          hang_s=getattr(args, "hang_seconds", 60.0), availability=availability).run(stop_event)
     finally:
         if openai_api is not None:
             openai_api.stop()

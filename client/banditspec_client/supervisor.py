@@ -24,14 +24,15 @@ So the supervisor watches the stubs itself (every ``poll_s``) and, when one dies
 
 A stub can also stop working without dying (stopped, deadlocked, stuck in native code). The
 supervisor then sees no death, so it watches progress too (:class:`HangWatch`, every
-``poll_s``, for ``target`` and ``eagle``; off with ``hang_s=0``): from the metrics port, each
+``poll_s``, for ``target``, ``eagle`` and ``banditspec``; off with ``hang_s=0``): from the metrics port, each
 model's completed executions (``nv_inference_exec_count``) and Triton's backend failures
 (``nv_inference_request_failure{reason="BACKEND"}``, which is what a request to a stub
 Triton's own health check finds unresponsive gets: "Stub process '<model>_0_0' is not
 healthy"); from ``/proc``, its stub's CPU time. A model that neither completed nor computed
 anything for ``hang_s``, or whose requests fail that way, gets a probe: one tiny real
 request of its own (a one-token verify for ``target``, a forget-this-sequence call for
-``eagle``) over HTTP. A probe waits its turn behind real batches, and any progress meanwhile
+``eagle``, over HTTP; for the decoupled ``banditspec``, a two-prompt request its ``execute``
+refuses at once, over a gRPC stream). A probe waits its turn behind real batches, and any progress meanwhile
 clears it, so a busy model is never judged by it: the model is *hung* when the probe is
 answered "not healthy", or gets no answer within ``hang_s`` while the model made no progress
 either (:class:`ProgressWatch`). A hung stub is then handled exactly as a dead one (restart,
@@ -40,11 +41,12 @@ or exit 3).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -60,6 +62,9 @@ class Stub:
     pid: int
     model: str
     region: str  # its /dev/shm region name
+    # its start time (clock ticks after boot, /proc/<pid>/stat field 22): a pid alone may name a
+    # later process once the stub is reaped
+    started: int = field(default=0, compare=False)
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -74,10 +79,18 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
 
 
-def _stub_children(server_pid: int) -> tuple[list[Stub], set[int]]:
+_STARTED = 19  # index of the start time in _stat_fields (proc(5) field 22)
+
+
+def _stub_children(server_pid: int, known: dict[int, Stub] | None = None) -> tuple[list[Stub], set[int]]:
     """(the live Python-backend stubs that ``server_pid`` started, the pids of its zombie
     children named like a stub). A stub's argv is ``stub <repo>/<model>/<version>/model.py
-    <shm region> ...``; a zombie has no argv left, only its name (``comm``, 15 characters)."""
+    <shm region> ...``; a zombie has no argv left, only its name (``comm``, 15 characters).
+
+    A stub of ``known`` (same pid and start time) is taken from there: its argv is read once,
+    when it is new. Reading /proc/<pid>/cmdline takes the process's memory-map lock and can
+    block while that process faults or exits; /proc/<pid>/stat does not."""
+    known = known or {}
     live, zombies = [], set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -86,13 +99,18 @@ def _stub_children(server_pid: int) -> tuple[list[Stub], set[int]]:
         fields = _stat_fields(pid)
         if fields is None or int(fields[1]) != server_pid:
             continue
-        if fields[0] == "Z":
+        started = int(fields[_STARTED])
+        if fields[0] in ("Z", "X"):
             try:
                 name = (entry / "comm").read_bytes().strip()
             except OSError:
                 continue
             if name and STUB_BINARY.startswith(name):
                 zombies.add(pid)
+            continue
+        seen = known.get(pid)
+        if seen is not None and seen.started == started:
+            live.append(seen)
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
@@ -102,7 +120,7 @@ def _stub_children(server_pid: int) -> tuple[list[Stub], set[int]]:
             region = argv[2].decode(errors="replace").lstrip("/")
             model = Path(argv[1].decode(errors="replace")).parent.parent.name
             if region and "/" not in region:
-                live.append(Stub(pid, model, region))
+                live.append(Stub(pid, model, region, started))
     return live, zombies
 
 
@@ -162,9 +180,11 @@ class StubWatch:
     def record(self) -> None:
         """Remember the live stubs and their regions; deaths stay for :meth:`poll` to report
         (the server's own ready check and stop call this, not the supervisor)."""
-        live = list_stubs(self.server_pid)
         with self._lock:
-            self.known.update((s.pid, s) for s in live)
+            known = dict(self.known)
+        live = _stub_children(self.server_pid, known)[0]
+        with self._lock:
+            self.known.update((s.pid, s) for s in live if s.pid not in self.known or self.known[s.pid] is s)
             self.regions.update(s.region for s in live)
 
     def poll(self) -> list[Stub]:
@@ -172,21 +192,26 @@ class StubWatch:
         zombie the server has not reaped: Triton 2.51 leaves a SIGKILLed stub as one), and,
         once each, zombie stubs never seen alive (killed between two polls: their model is
         ``UNKNOWN_MODEL``, so they count as required)."""
-        found, zombies = _stub_children(self.server_pid)
+        with self._lock:
+            known = dict(self.known)
+        found, zombies = _stub_children(self.server_pid, known)
         live = {s.pid: s for s in found}
         with self._lock:
-            dead = [s for pid, s in self.known.items() if pid not in live]
+            # gone, a zombie, or its pid now names another process (another start time)
+            dead = [s for pid, s in self.known.items() if pid not in live or live[pid].started != s.started]
             dead += [Stub(pid, UNKNOWN_MODEL, "") for pid in sorted(zombies)
                      if pid not in self.known and pid not in self._reported]
             for s in dead:
-                self.known.pop(s.pid, None)
+                if self.known.get(s.pid) is s:
+                    del self.known[s.pid]
                 self._reported.add(s.pid)
             self.known.update(live)
             self.regions.update(s.region for s in live.values())
         return dead
 
 
-PROBED_MODELS = ("target", "eagle")
+PROBED_MODELS = ("target", "eagle", "banditspec")
+STREAMED_PROBES = frozenset({"banditspec"})  # decoupled: probed over a gRPC stream, not HTTP infer
 TARGET_PROBE = {"inputs": [  # one token in, one out: a verify call the size of a decoding step
     {"name": "input_ids", "shape": [1, 1], "datatype": "INT32", "data": [1]},
     {"name": "input_lengths", "shape": [1, 1], "datatype": "INT32", "data": [1]},
@@ -278,11 +303,14 @@ class ProgressWatch:
 
 def probe_model(http_url: str, model: str, timeout_s: float) -> tuple[str, str]:
     """Send ``model`` its probe; (outcome, detail). Any answer from the model itself, an
-    error included (e.g. eagle "not served here"), is ANSWERED."""
+    error included (e.g. eagle "not served here"), is ANSWERED. A model of STREAMED_PROBES is
+    given the gRPC address instead (:func:`probe_streamed`)."""
     import json
     import urllib.error
     import urllib.request
 
+    if model in STREAMED_PROBES:
+        return probe_streamed(http_url, model, timeout_s)  # called with the gRPC address
     body = json.dumps(PROBES[model]).encode()
     request = urllib.request.Request(f"http://{http_url}/v2/models/{model}/infer", data=body,
                                      headers={"Content-Type": "application/json"}, method="POST")
@@ -305,6 +333,47 @@ def probe_model(http_url: str, model: str, timeout_s: float) -> tuple[str, str]:
 
 
 
+def probe_streamed(grpc_url: str, model: str, timeout_s: float) -> tuple[str, str]:
+    """Probe a decoupled model (``banditspec``) over a gRPC stream: a request of two prompts,
+    which its ``execute`` refuses at once on the stub's own thread ("send one prompt per
+    request"), so the answer waits for no worker, sequence slot or target, and counts in no
+    request metric. A stub that does not run gets Triton's "not healthy" instead."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        text = grpcclient.InferInput("text_input", [2, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"."], [b"."]], dtype=np.object_))
+        tokens = grpcclient.InferInput("max_tokens", [2, 1], "INT32")
+        tokens.set_data_from_numpy(np.ones((2, 1), dtype=np.int32))
+        client.start_stream(callback=lambda result, error: answers.put(error))
+        client.async_stream_infer(model, [text, tokens])
+        try:
+            error = answers.get(timeout=timeout_s)
+        except queue.Empty:
+            return NO_ANSWER, f"no answer in {timeout_s:.0f} s"
+        if error is None:
+            return ANSWERED, "answered"
+        detail = error.message() if isinstance(error, InferenceServerException) else str(error)
+        status = error.status() if isinstance(error, InferenceServerException) else None
+        if status is not None and status.endswith("UNAVAILABLE") and UNHEALTHY not in detail:
+            return UNREACHABLE, detail[:200]
+        return (UNHEALTHY_ANSWER if UNHEALTHY in detail else ANSWERED), detail[:200]
+    except InferenceServerException as exc:
+        return UNREACHABLE, str(exc)[:200]
+    finally:
+        try:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+        except Exception:
+            pass
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of a process, None when it is gone."""
     fields = _stat_fields(pid)
@@ -325,7 +394,7 @@ def model_counters(metrics_port: int, models) -> dict[str, tuple[float | None, f
 
 
 class HangWatch:
-    """The progress of one server's ``target`` and ``eagle`` (:class:`ProgressWatch` each),
+    """The progress of one server's PROBED_MODELS (:class:`ProgressWatch` each),
     with their probes sent from daemon threads; ``check()`` names the hung ones. ``stubs()``
     gives each model's stub pid (for its CPU time)."""
 
@@ -345,8 +414,10 @@ class HangWatch:
         watch = self.watches[model]
         watch.probe_sent(self.clock())
 
+        url = self.server.grpc_url if model in STREAMED_PROBES else self.server.http_url
+
         def run():
-            outcome, detail = self.probe(self.server.http_url, model, self.hang_s)
+            outcome, detail = self.probe(url, model, self.hang_s)
             with self._lock:
                 watch.probe_finished(self.clock(), outcome, detail)
 
@@ -387,10 +458,48 @@ def _describe(stubs) -> str:
     return ", ".join(f"{s.model} (pid {s.pid})" for s in stubs) or "none"
 
 
+RETRY_AFTER_PARAMETER = ("banditspec", "retry_after_s")
+DEFAULT_STARTUP_S = 30.0  # a start-up time to tell clients before one has been measured
+
+
+class Availability:
+    """When the server is expected to answer again: the honest ``Retry-After`` of a server fault.
+
+    ``serve`` marks each (re)start of tritonserver and its readiness; the last start-up's
+    duration is the estimate. While a restart runs, a client is told what is left of it; while
+    the server runs, the whole of it (a fault seen now means a restart is coming). Thread-safe:
+    the OpenAI front end reads it while the supervisor writes it."""
+
+    def __init__(self, startup_s: float = DEFAULT_STARTUP_S, clock: Callable[[], float] = time.monotonic):
+        self.startup_s = startup_s
+        self.clock = clock
+        self.started_at: float | None = None  # a (re)start in progress began then
+        self._lock = threading.Lock()
+
+    def starting(self) -> None:
+        with self._lock:
+            self.started_at = self.clock()
+
+    def ready(self) -> None:
+        with self._lock:
+            if self.started_at is not None:
+                self.startup_s = self.clock() - self.started_at
+            self.started_at = None
+
+    def retry_after(self) -> int:
+        """Whole seconds, at least 1."""
+        with self._lock:
+            left = self.startup_s if self.started_at is None else self.startup_s - (self.clock() - self.started_at)
+        return max(1, math.ceil(left))
+
+
 # A check of the stubs and models (/proc, the metrics port) takes milliseconds; one that took
-# longer than this is logged: twice in full-suite runs a killed stub went unnoticed for minutes
-# (closing notes of stops 35 and 42), and this says whether the check itself was blocked.
+# longer than this is logged, with the stubs it knew: it says whether a death that went
+# unnoticed was missed or the check itself was blocked.
 SLOW_CHECK_S = 5.0
+# set (to anything): log the /proc state (state, parent) of each known stub at every check where
+# it changed, for diagnosing a death the supervisor did not act on
+TRACE_ENV = "BANDITSPEC_SUPERVISOR_TRACE"
 
 
 class Supervisor:
@@ -408,6 +517,7 @@ class Supervisor:
         window_s: float = 600.0,
         ready_timeout_s: float = 600.0,
         hang_s: float = DEFAULT_HANG_S,
+        availability: Availability | None = None,
         log: Callable[[str], None] | None = None,
     ):
         if on_stub_death not in ("restart", "exit"):
@@ -425,6 +535,11 @@ class Supervisor:
         self.ready_timeout_s = ready_timeout_s
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.restarts: list[float] = []  # monotonic times
+        self.availability = availability or Availability()
+        self._traced = ""  # the last line logged by _trace
+        overrides = getattr(server, "overrides", None)  # an operator's own retry_after_s is kept
+        self._retry_after_fixed = isinstance(overrides, dict) and RETRY_AFTER_PARAMETER[1] in overrides.get(
+            RETRY_AFTER_PARAMETER[0], {})
 
     def _dead_or_exited(self) -> tuple[list[Stub], bool]:
         exited = self.server.process is None or self.server.process.poll() is not None
@@ -453,6 +568,17 @@ class Supervisor:
                 self.log(f"supervisor: {model} is hung: {why}")
         return [known.get(model, Stub(0, model, "")) for model in hung]
 
+    def _trace(self, pids: list[int], took: float) -> None:
+        """Log the /proc state of the stubs known before a check whenever it changed (TRACE_ENV)."""
+        states = []
+        for pid in pids:
+            fields = _stat_fields(pid)
+            states.append(f"{pid} gone" if fields is None else f"{pid} {fields[0]} ppid {fields[1]}")
+        line = ", ".join(states) or "no stubs known"
+        if line != self._traced:
+            self._traced = line
+            self.log(f"supervisor trace: {line} (check took {took * 1000:.0f} ms)")
+
     def _known_stubs(self) -> str:
         return _describe(() if self.server.watch is None else list(self.server.watch.known.values()))
 
@@ -470,6 +596,20 @@ class Supervisor:
             time.sleep(self.poll_s)
         return []
 
+    def _tell_retry_after(self) -> None:
+        """The restarted banditspec model tells clients of a down target to wait about as long as
+        a start-up takes (its ``retry_after_s`` parameter)."""
+        if self._retry_after_fixed:
+            return
+        model, key = RETRY_AFTER_PARAMETER
+        overrides, source = getattr(self.server, "overrides", None), getattr(self.server, "source", None)
+        try:
+            has_it = f'"{key}"' in (Path(source) / model / "config.pbtxt").read_text()
+        except (OSError, TypeError):
+            has_it = False  # another repository (a fake server in a test): nothing to tell
+        if has_it and isinstance(overrides, dict):
+            overrides.setdefault(model, {})[key] = str(math.ceil(self.availability.startup_s))
+
     def _sweep(self, regions: set[str]) -> None:
         """The stopped server's stub regions must be gone (its stop removed them); one still
         there is removed now and reported (seen once in CI, cause unknown: the log says which)."""
@@ -482,10 +622,14 @@ class Supervisor:
         """Supervise until ``stop`` is set (returns 0) or recovery is refused (non-zero).
         The server must have been started; it is stopped on return."""
         try:
+            tracing = bool(os.environ.get(TRACE_ENV))
             while not stop.is_set():
                 began = time.monotonic()
+                watched = sorted(self.server.watch.known) if tracing and self.server.watch is not None else []
                 dead, exited = self._dead_or_exited()
                 took = time.monotonic() - began
+                if tracing:
+                    self._trace(watched, took)
                 if took > SLOW_CHECK_S:
                     self.log(f"supervisor: checking the stubs and models took {took:.1f} s "
                              f"(known stubs: {self._known_stubs()})")
@@ -509,13 +653,16 @@ class Supervisor:
                     return EXIT_STUB_DIED
                 started = time.monotonic()
                 old_regions = set() if self.server.watch is None else set(self.server.watch.regions)
+                self.availability.starting()
                 self.server.stop(timeout=self.grace_s)
                 try:
+                    self._tell_retry_after()
                     self.server.start()
                     self.server.wait_ready(self.ready_timeout_s)
                 except (RuntimeError, TimeoutError, OSError) as exc:
                     self.log(f"supervisor: restart failed: {exc}")
                     return EXIT_STUB_DIED
+                self.availability.ready()
                 self.log(f"supervisor: tritonserver restarted and ready in {time.monotonic() - started:.1f} s")
                 self._sweep(old_regions)
             return 0

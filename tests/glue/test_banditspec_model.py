@@ -168,3 +168,26 @@ def test_initialize_freezes_the_loaded_heap_unless_told_not_to(monkeypatch):
     target_module.TritonPythonModel().initialize(config_args("target"))
     assert gc.get_freeze_count() > 1000  # this process's modules, at least
 
+
+
+def test_a_down_target_is_unavailable_with_the_retry_hint(stack):
+    """Triton's words for a dead target stub make the failure retryable: UNAVAILABLE, and the
+    message ends with the model's retry_after_s (30 by default)."""
+    model, target, _ = stack
+    down = fake_pb_utils.TritonError("Stub process 'target_0_0' is not healthy.")
+    target.execute = lambda requests: [fake_pb_utils.InferenceResponse(error=down) for _ in requests]
+    req = request()
+    model.execute([req])
+    assert req.sender.done.wait(10)
+    (code, message), = errors(req.sender)
+    assert code == fake_pb_utils.TritonError.UNAVAILABLE, message
+    assert message.startswith("target engine failed: target: Stub process") and message.endswith("(retry after 30 s)")
+
+
+def test_a_bad_field_stays_invalid_whatever_its_words(stack):
+    model, _, _ = stack
+    req = request(policy=np.array([[b"unknown model"]], dtype=object))
+    model.execute([req])
+    assert req.sender.done.wait(10)
+    (code, message), = errors(req.sender)
+    assert code == fake_pb_utils.TritonError.INVALID_ARG and message.startswith("policy") and "retry after" not in message

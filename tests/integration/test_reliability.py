@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L
+from banditspec.errors import parse_retry_after
 from banditspec.paths import cache_dir
 from banditspec_client.serve import TritonServer
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
@@ -195,7 +197,11 @@ def test_a_target_error_mid_request_fails_clearly_then_the_server_serves(limits_
 
 
 def test_an_unavailable_target_fails_clearly_without_hanging():
-    server = start_server("no-target", banditspec={"target_name": "no_such_model", "drafters": "pld"})
+    """A target that is not there is a server-side condition: the message says so and carries the
+    retry hint (the model's ``retry_after_s``). Triton 2.51's HTTP /generate answers it 400 all the
+    same (docs/reliability.md, "Status codes": upstream computes the status from an error it has
+    already freed); this test says when that changes."""
+    server = start_server("no-target", banditspec={"target_name": "no_such_model", "drafters": "pld", "retry_after_s": "7"})
     try:
         for call in (generate_grpc, generate_http):
             started = time.monotonic()
@@ -204,8 +210,15 @@ def test_an_unavailable_target_fails_clearly_without_hanging():
             assert time.monotonic() - started < 10
             message = str(failure.value)
             assert message.startswith("target engine failed: no_such_model") and "Traceback" not in message, message
+            assert parse_retry_after(message) == 7, message
+        request = urllib.request.Request(f"http://{server.http_url}/v2/models/banditspec/generate",
+                                         data=json.dumps({"text_input": "Hi.", "max_tokens": 8}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(request, timeout=60)
+        assert answer.value.code == 400, "Triton's /generate now keeps the model's status: update docs/reliability.md"
         assert healthy(server)
-        assert metric_total(metrics(server), "nv_banditspec_requests", outcome="target_error") == 2
+        assert metric_total(metrics(server), "nv_banditspec_requests", outcome="target_error") == 3
         assert metric_total(metrics(server), "nv_banditspec_active_sequences") == 0
     finally:
         server.stop()

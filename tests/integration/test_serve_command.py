@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from banditspec.errors import model_down, parse_retry_after
 from banditspec.paths import cache_dir
 from banditspec_client.serve import free_port
 from banditspec_client.supervisor import list_stubs
@@ -35,34 +36,24 @@ PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.", "L
 EAGLE_MAX_TOKENS = 100
 IN_FLIGHT_BOUND_S = 20  # every in-flight request has its answer (or error) this soon after the kill
 RECOVERY_BOUND_S = 180  # ready again, on a fresh server, this soon after the kill
+GRPC_ANSWER_S = 15  # a gRPC client's patience in the fault window (a short request takes ~1 s)
 HANG_S = 5  # --hang-seconds: a model that completes nothing this long is probed (default 60)
-
-
-def _serve_flags() -> str:
-    import argparse
-
-    from banditspec_client.serve import add_arguments
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.format_help()
-
-
-_NO_OPENAI = ["--no-openai"] if "--no-openai" in _serve_flags() else []  # the OpenAI front is not under test here
 
 
 class Served:
     """``banditspec serve`` as a child process."""
 
-    def __init__(self, *extra: str, name: str = "crash-recovery-serve"):
+    def __init__(self, *extra: str, name: str = "crash-recovery-serve", openai: bool = False):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.openai_port = free_port() if openai else None
+        front = ["--openai-port", str(self.openai_port)] if openai else ["--no-openai"]
         self.log = cache_dir() / f"{name}.log"
         self.log.write_bytes(b"")
         env = dict(os.environ, BANDITSPEC_ADMIN_KEY=ADMIN_KEY)
         command = [
             str(Path(sys.executable).parent / "banditspec"), "serve", "--model", "tiny",
             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-            "--metrics-port", str(self.metrics_port), *_NO_OPENAI, "--drain-seconds", "60", "--log-file", str(self.log.with_suffix(".triton.log")),
+            "--metrics-port", str(self.metrics_port), *front, "--drain-seconds", "60", "--log-file", str(self.log.with_suffix(".triton.log")),
             "--set", "banditspec.drafters=pld,suffix", "--set", "banditspec.max_concurrent_sequences=8", *extra,
         ]
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
@@ -120,8 +111,8 @@ class Served:
         return self.process.returncode
 
 
-def _serving(*extra: str, name: str = "crash-recovery-serve"):
-    srv = Served(*extra, name=name)
+def _serving(*extra: str, name: str = "crash-recovery-serve", openai: bool = False):
+    srv = Served(*extra, name=name, openai=openai)
     try:
         srv.wait_ready(300)
         yield srv
@@ -134,8 +125,8 @@ def _serving(*extra: str, name: str = "crash-recovery-serve"):
 @pytest.fixture(scope="module")
 def served():
     """``banditspec serve`` with its defaults (hang detection too: --hang-seconds 60, which
-    the load of these tests must never trip)."""
-    yield from _serving()
+    the load of these tests must never trip; the OpenAI API)."""
+    yield from _serving(openai=True)
 
 
 @pytest.fixture(scope="module")
@@ -188,17 +179,48 @@ def _kill_and_watch(served, model: str, sig: int = signal.SIGKILL):
     os.kill(old[model].pid, sig)
     killed = time.monotonic()
     went_down = None
+    states = ProcStates(old[model].pid)
     while True:
+        states.sample(time.monotonic() - killed)
         status = served.ready()
         now = time.monotonic() - killed
         if went_down is None and status != 200:
             went_down = now
         pid = served.tritonserver_pid()
         if went_down is not None and status == 200 and pid not in (None, old_server) and len(served.stubs()) == 3:
+            print(f"{model} after {signal.Signals(sig).name}: {states}")
             return old, killed, went_down, now
         assert served.process.poll() is None, f"banditspec serve exited ({served.process.returncode})"
-        assert now < RECOVERY_BOUND_S, f"no recovery {RECOVERY_BOUND_S} s after killing {model} (log {served.log})"
+        assert now < RECOVERY_BOUND_S, (f"no recovery {RECOVERY_BOUND_S} s after killing {model} (log {served.log}); "
+                                        f"its /proc state: {states}; serve's log ends:\n{_log_tail(served)}")
         time.sleep(0.1)
+
+
+class ProcStates:
+    """The /proc/<pid>/stat state and parent of one process over time, as its changes: what a
+    killed stub went through (zombie? reaped? the pid reused?) when a recovery fails."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.changes: list[tuple[float, str]] = []
+
+    def sample(self, at: float) -> None:
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            now = f"{state} ppid {ppid} {name}"
+        except (OSError, ValueError):
+            now = "gone"
+        if not self.changes or self.changes[-1][1] != now:
+            self.changes.append((at, now))
+
+    def __str__(self) -> str:
+        return f"pid {self.pid}: " + ", ".join(f"{at:.2f} s {what}" for at, what in self.changes)
+
+
+def _log_tail(served, chars: int = 4000) -> str:
+    return served.log.read_text(errors="replace")[-chars:]
 
 
 def _no_leftovers(old, served=None):
@@ -219,7 +241,155 @@ def _exact_after(served, reference):
     assert generate_http(served.http_url, prompt, GenerationOptions(max_tokens=24)).text == reference.text(prompt, 24)
 
 
-@pytest.mark.parametrize("model", ["target", "banditspec"])
+def _openai_stream(served, outcome: dict, started: threading.Event) -> None:
+    """A streamed OpenAI completion of 1000 tokens over raw HTTP: its server-sent events."""
+    conn = http.client.HTTPConnection("localhost", served.openai_port, timeout=120)
+    body = {"model": "banditspec", "prompt": PROMPTS[0], "max_tokens": 1000, "stream": True, "temperature": 0}
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        outcome["status"], outcome["events"] = resp.status, []
+        for line in iter(resp.readline, b""):
+            if line.startswith(b"data: "):
+                outcome["events"].append(line[len(b"data: "):].decode().strip())
+                if len(outcome["events"]) > 2:
+                    started.set()
+    except (OSError, http.client.HTTPException) as exc:
+        outcome["broken"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+
+
+def _openai_once(served) -> tuple[int, str | None, str]:
+    """(HTTP status, Retry-After, error message) of one short OpenAI completion."""
+    body = {"model": "banditspec", "prompt": PROMPTS[1], "max_tokens": 4, "temperature": 0}
+    request = urllib.request.Request(f"http://localhost:{served.openai_port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, resp.headers.get("Retry-After"), ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Retry-After"), json.loads(exc.read() or b"{}").get("error", {}).get("message", "")
+
+
+def _grpc_once(served) -> tuple[str, str]:
+    """(gRPC status name or "OK", message) of one short request over a tritonclient gRPC stream."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    answers: queue.Queue = queue.Queue()
+    text, tokens = grpcclient.InferInput("text_input", [1, 1], "BYTES"), grpcclient.InferInput("max_tokens", [1, 1], "INT32")
+    text.set_data_from_numpy(np.array([[PROMPTS[1].encode()]], dtype=np.object_))
+    tokens.set_data_from_numpy(np.array([[4]], dtype=np.int32))
+    client = grpcclient.InferenceServerClient(served.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put(error))
+        try:
+            client.async_stream_infer("banditspec", [text, tokens])
+        except InferenceServerException:
+            pass  # the stream already failed (server unreachable): its error came through the callback
+        try:
+            error = answers.get(timeout=GRPC_ANSWER_S)
+        except queue.Empty:
+            return "NO ANSWER", f"within {GRPC_ANSWER_S} s"
+        if error is None:
+            return "OK", ""
+        status = (error.status() or "") if isinstance(error, InferenceServerException) else ""
+        return status.rsplit(".", 1)[-1] or "MESSAGE", error.message() if isinstance(error, InferenceServerException) else str(error)
+    finally:
+        try:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+        except Exception:
+            pass
+
+
+def _bounded(call, *args):
+    """``call(*args)`` in a daemon thread: its answer, or ("STUCK", ...) when the client itself
+    did not return within GRPC_ANSWER_S + 5 s."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(call(*args))
+        except Exception as exc:  # the client's own error: reported, not hidden
+            out.append(("CLIENT ERROR", f"{type(exc).__name__}: {exc}"))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(GRPC_ANSWER_S + 5)
+    return out[0] if out else ("STUCK", f"the client did not return within {GRPC_ANSWER_S + 5} s")
+
+
+def _retry_hint(message: str) -> int | None:
+    return parse_retry_after(message)
+
+
+def test_a_dead_target_mid_stream_is_a_retryable_fault_for_every_client(served, reference):
+    """SIGKILL the target while an OpenAI stream and gRPC streams run, and keep asking through the
+    window (the failure, the restart, the recovery): the OpenAI API answers only 503 with an honest
+    Retry-After (never a 4xx) until it answers 200, and its stream ends with an error event; gRPC
+    clients get UNAVAILABLE (connection) or an error whose message carries the retry hint."""
+    stream: dict = {}
+    streaming = threading.Event()
+    streamer = threading.Thread(target=_openai_stream, args=(served, stream, streaming))
+    streamer.start()
+    threads, outcomes = _load(served, n_grpc=2, n_http=0)
+    assert streaming.wait(60), f"the OpenAI stream never started: {stream}"
+    answers: list[tuple[float, str, tuple]] = []
+    done = threading.Event()
+
+    def keep_asking():
+        while not done.is_set():
+            answers.append((time.monotonic(), "openai", _openai_once(served)))
+            answers.append((time.monotonic(), "grpc", _bounded(_grpc_once, served)))
+            time.sleep(0.3)
+
+    asker = threading.Thread(target=keep_asking)
+    asker.start()
+    old, killed, went_down, recovered = _kill_and_watch(served, "target")
+    answers_before = sum(1 for at, _, _ in answers if at < killed)
+    for t in threads:
+        t.join(IN_FLIGHT_BOUND_S)
+    streamer.join(IN_FLIGHT_BOUND_S)
+    time.sleep(1.0)
+    done.set()
+    asker.join(120)
+    answers = answers[answers_before:]  # those asked before the kill were served (or are the kill's)
+    report = "\n".join(f"{at - killed:6.1f} s {who}: {answer}" for at, who, answer in answers)
+    print(f"stream: {stream}\nin flight: {outcomes}\n{report}")
+    # the OpenAI stream ends with an error event naming a server fault, with the retry hint
+    assert stream.get("status") == 200 and stream.get("events"), stream
+    last = json.loads(stream["events"][-1])
+    assert "error" in last and last["error"]["type"] == "server_busy", stream["events"][-3:]
+    assert _retry_hint(last["error"]["message"]), last
+    # gRPC streams in flight: the controller's error carries the hint (the stream keeps no code)
+    for kind, at, detail in outcomes.values():
+        assert kind == "error" and (_retry_hint(detail) or "Socket closed" in detail), detail  # the hint, or the stop
+        assert at - killed < IN_FLIGHT_BOUND_S, f"a request ended {at - killed:.1f} s after the kill"
+    assert went_down < 5, f"the broken server still answered ready {went_down:.1f} s after target died"
+    _no_leftovers(old, served)
+    openai = [a for _, who, a in answers if who == "openai"]
+    assert all(status in (200, 503) for status, _, _ in openai), report  # never a 4xx for a server fault
+    for status, retry_after, message in openai:
+        if status == 503:
+            assert retry_after is not None and 1 <= int(retry_after) <= RECOVERY_BOUND_S, report
+            assert _retry_hint(message) == int(retry_after), report
+    assert any(status == 503 for status, _, _ in openai), report  # the window was seen
+    deadline = time.monotonic() + 10  # the front end's channel reconnects within its 1 s backoff
+    while (after := _openai_once(served))[0] != 200:
+        assert time.monotonic() < deadline, f"the OpenAI API did not serve again after the recovery: {after}"
+        time.sleep(0.5)
+    for status, message in (a for _, who, a in answers if who == "grpc"):
+        # a stream carries a message, no code (docs/reliability.md): the hint, or Triton's words for
+        # a model being unloaded while the server stops; the connection itself: UNAVAILABLE
+        assert status in ("OK", "UNAVAILABLE") or _retry_hint(message) or model_down(message), report
+    _exact_after(served, reference)
+
+
+@pytest.mark.parametrize("model", ["banditspec"])  # target: the test above, with every kind of client
 def test_a_dead_required_stub_fails_in_flight_requests_then_the_server_restarts(served, reference, model):
     _in_flight_fail_then_the_server_restarts(served, reference, model, signal.SIGKILL, down_within_s=5)
 
@@ -427,6 +597,14 @@ def test_a_stopped_target_stub_fails_in_flight_requests_then_the_server_restarts
     the target, gets that answer and restarts the server, as for a dead one."""
     # each request queued for the stopped stub waits ~1 s for Triton's health check, the probe too
     _in_flight_fail_then_the_server_restarts(served_watching_hangs, reference, "target", signal.SIGSTOP, down_within_s=15)
+
+
+def test_a_stopped_banditspec_stub_fails_in_flight_requests_then_the_server_restarts(served_watching_hangs, reference):
+    """A stopped decoupled stub answers nothing, and its streams just wait. It completes nothing and
+    uses no CPU for HANG_S, so it gets its probe (a two-prompt request its execute refuses at once,
+    over gRPC), which Triton answers "not healthy"; the supervisor restarts the server."""
+    _in_flight_fail_then_the_server_restarts(served_watching_hangs, reference, "banditspec", signal.SIGSTOP,
+                                             down_within_s=3 * HANG_S)
 
 
 def test_a_stopped_idle_eagle_stub_is_found_by_its_probe_then_the_server_restarts(served_watching_hangs, reference):

@@ -1,6 +1,7 @@
-"""The soak's CI form: a few hundred mixed requests against a real tritonserver (tiny model).
+"""The soak: hundreds of mixed requests against a real tritonserver (tiny model), a long-form
+check (marker ``long``: ``bash scripts/test.sh --long`` runs it with 1000 requests).
 
-Longer forms: ``BANDITSPEC_SOAK_REQUESTS=3000 pytest tests/soak`` or ``banditspec soak
+Other forms: ``BANDITSPEC_SOAK_REQUESTS=3000 pytest tests/soak`` or ``banditspec soak
 --requests 3000 [--model smollm2]``. The report (summary + samples) is written to
 ``<cache>/soak-report.json``; docs/reliability.md quotes its figures."""
 
@@ -15,7 +16,7 @@ import pytest
 from banditspec.paths import cache_dir
 from banditspec_client.soak.command import soak
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # `bash scripts/test.sh --long`
 
 REQUESTS = int(os.environ.get("BANDITSPEC_SOAK_REQUESTS", "200"))
 CONCURRENCY = int(os.environ.get("BANDITSPEC_SOAK_CONCURRENCY", "8"))

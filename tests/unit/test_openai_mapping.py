@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from banditspec.errors import parse_retry_after
 from banditspec_client.openai_api.app import ChatRequest, CompletionRequest, OpenAIError, _triton_error, common_inputs
 from banditspec_client.openai_api.triton import ModelFacts, TritonError
 
@@ -39,11 +40,26 @@ def test_unsupported_fields_are_refused_by_name(kw, param):
         ("top_p: top-p (nucleus) sampling is not supported", 400, "top_p"),
         ("text_input: prompt has 5000 tokens, the limit is 1536", 400, "messages"),
         ("server busy: 8 sequences in flight (max_concurrent_sequences); retry later", 503, None),
-        ("target engine failed: target: boom", 503, None),
+        ("target engine failed: target: Stub process 'target_0_0' is not healthy. (retry after 21 s)", 503, None),
+        ("server busy: 64 waiting (max_queue); retry later (retry after 3 s)", 503, None),
+        ("Request for unknown model: 'banditspec' has no available versions", 503, None),  # unloading: restart
+        ("target engine failed: target: boom", 500, None),  # no hint: the target failed, it is not down
         ("decoding failed (RuntimeError)", 500, None),
     ],
 )
 def test_triton_messages_map_to_status_and_param(message, status, param):
-    err = _triton_error(TritonError("", message), "messages", FACTS.inputs)
+    err = _triton_error(TritonError("", message), "messages", FACTS.inputs, retry_after=lambda: 7)
     assert err.status == status and err.param == param
     assert err.kind == ("invalid_request_error" if status == 400 else "server_error" if status == 500 else "server_busy")
+    if status == 503:  # Retry-After: the message's own hint, else the server's restart estimate
+        assert err.retry_after == (parse_retry_after(message) or 7) and parse_retry_after(err.message) == err.retry_after
+    else:
+        assert err.retry_after is None
+
+
+@pytest.mark.parametrize("status", ["UNAVAILABLE", "CANCELLED"])
+def test_a_broken_connection_is_a_503_with_the_restart_estimate(status):
+    err = _triton_error(TritonError(status, "the inference server closed the stream (Socket closed)"), "prompt",
+                        FACTS.inputs, retry_after=lambda: 19)
+    assert (err.status, err.retry_after, err.kind) == (503, 19, "server_busy")
+    assert err.message.endswith("(retry after 19 s)")

@@ -246,6 +246,31 @@ def test_a_stub_killed_before_the_watch_saw_it_is_reported_once(tmp_path):
         child.wait()
 
 
+def test_a_known_pid_that_names_another_process_now_is_a_death(tmp_path, monkeypatch):
+    """A reaped stub's pid reused by a new child looks alive by its pid alone: the start time
+    tells them apart. A stub already known is recognised by /proc/<pid>/stat alone (its argv,
+    whose read can block while the process faults or exits, is read once)."""
+    child = _fake_stub(tmp_path)
+    try:
+        watch = StubWatch(os.getpid())
+        assert watch.poll() == []
+        (stub,) = watch.known.values()
+        assert stub.started > 0
+        real_read = Path.read_bytes
+        monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"read {self}") if self.name == "cmdline"
+                            else real_read(self))
+        assert watch.poll() == []  # known: no argv read
+        monkeypatch.undo()
+        earlier = Stub(stub.pid, stub.model, stub.region, stub.started - 1)  # the stub that had this pid before
+        watch.known[stub.pid] = earlier
+        dead = watch.poll()
+        assert dead == [earlier] and dead[0].started == earlier.started
+        assert watch.poll() == [] and watch.known[stub.pid].started == stub.started
+    finally:
+        child.kill()
+        child.wait()
+
+
 # --- a stub that hangs without dying -------------------------------------------------------
 
 from banditspec_client.supervisor import (  # noqa: E402
@@ -474,3 +499,69 @@ def test_serve_refuses_a_bad_hang_seconds_naming_the_flag(capsys):
         with pytest.raises(SystemExit):
             parser.parse_args(["--hang-seconds", bad])
         assert "--hang-seconds" in capsys.readouterr().err
+
+
+# --- Retry-After: what clients are told while the server is down ----------------------------
+
+
+def test_availability_tells_the_last_start_up_time_and_what_is_left_of_a_restart():
+    clock = Clock()
+    clock.now = 100.0
+    availability = sup.Availability(startup_s=30, clock=clock)
+    assert availability.retry_after() == 30  # nothing measured yet: the default
+    availability.starting()
+    clock.now += 21.4
+    availability.ready()
+    assert availability.retry_after() == 22  # running: a fault now means a whole restart
+    availability.starting()
+    clock.now += 15
+    assert availability.retry_after() == 7  # restarting for 15 s of the 21.4 it took last time
+    clock.now += 60
+    assert availability.retry_after() == 1  # late: never 0 or negative
+
+
+def test_a_restart_tells_the_new_banditspec_model_the_measured_start_up(tmp_path):
+    source = tmp_path / "repo"
+    (source / "banditspec").mkdir(parents=True)
+    (source / "banditspec" / "config.pbtxt").write_text('parameters { key: "retry_after_s" value: { string_value: "30" } }')
+    clock = Clock()
+    clock.now = 100.0
+    stop = threading.Event()
+
+    class Timed(FakeServer):
+        def wait_ready(self, timeout=600):
+            clock.now += 12.2  # the restart takes 12.2 s
+            super().wait_ready(timeout)
+
+    server = Timed(deaths=[[TARGET]], stop_event=stop)
+    server.source, server.overrides = source, {"banditspec": {"target_model": "tiny"}}
+    availability = sup.Availability(startup_s=40, clock=clock)
+    assert run(server, stop, availability=availability) == 0
+    assert server.overrides["banditspec"]["retry_after_s"] == "40"  # told before the restart: the estimate then
+    assert availability.retry_after() == 13  # measured by the restart
+
+    kept = Timed(deaths=[[TARGET]], stop_event=threading.Event())
+    kept.source, kept.overrides = source, {"banditspec": {"retry_after_s": "5"}}
+    assert run(kept, kept.stop_event, availability=availability) == 0
+    assert kept.overrides["banditspec"]["retry_after_s"] == "5"  # an operator's own value is kept
+
+
+def test_a_quiet_banditspec_is_probed_over_grpc_and_not_healthy_is_a_hang():
+    clock = Clock()
+    counts = {"banditspec": (4.0, 0.0)}
+    probes: list[tuple[str, str]] = []
+
+    def probe(url, model, timeout_s):
+        probes.append((url, model))
+        return UNHEALTHY_ANSWER, "Stub process 'banditspec_0_0' is not healthy."
+
+    server = FakeServer()
+    server.http_url, server.grpc_url = "localhost:1", "localhost:2"
+    watch = HangWatch(server, 5, models=["banditspec"], clock=clock, counters=lambda port, models: dict(counts),
+                      probe=probe, stubs=lambda: {"banditspec": 13}, cpu=lambda pid: 1.0)
+    assert watch.check() == {}
+    clock.now = 5
+    assert watch.check() == {}  # quiet for hang_s: probed
+    _wait_for(lambda: probes == [("localhost:2", "banditspec")])
+    _wait_for(lambda: watch.check() != {})
+    assert "not healthy" in watch.check()["banditspec"]

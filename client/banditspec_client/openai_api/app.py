@@ -15,27 +15,37 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, Literal, NoReturn, Union
+from typing import Any, Callable, Literal, NoReturn, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from banditspec.errors import model_down, parse_retry_after, retry_after_message
 from banditspec.text import render_chat, text_ids
 from banditspec_client.openai_api.triton import Chunk, ModelFacts, TritonBackend, TritonError
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 # banditspec input -> the OpenAI field a client sent it as (for the error's "param")
 PARAM_OF_INPUT = {"text_input": "prompt", "stop_words": "stop", "random_seed": "seed", "max_tokens": "max_tokens"}
-HTTP_OF_STATUS = {"INVALID_ARGUMENT": 400, "UNAVAILABLE": 503, "RESOURCE_EXHAUSTED": 503, "NOT_FOUND": 404}
+# gRPC statuses of a call that failed as a whole (a stream's own errors carry a message, no code)
+HTTP_OF_STATUS = {"INVALID_ARGUMENT": 400, "UNAVAILABLE": 503, "RESOURCE_EXHAUSTED": 503, "CANCELLED": 503,
+                  "DEADLINE_EXCEEDED": 503, "NOT_FOUND": 404}
+# a message of the controller's that is a server-side condition, even without a retry hint
+BUSY_PREFIXES = ("server busy",)
+DEFAULT_RETRY_AFTER_S = 5  # nothing better known (the API runs without banditspec serve's supervisor)
 
 
 class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None, code: str | None = None):
+    """An error answer; ``retry_after`` (seconds) goes out as the ``Retry-After`` header of a 503."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None,
+                 code: str | None = None, retry_after: int | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+        self.retry_after = retry_after
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
@@ -161,28 +171,44 @@ def common_inputs(req: _Common, facts: ModelFacts, prompt_tokens: int | None, de
     return inputs
 
 
-def _triton_error(exc: TritonError, prompt_param: str, input_names=frozenset()) -> OpenAIError:
+def _triton_error(exc: TritonError, prompt_param: str, input_names=frozenset(),
+                  retry_after: Callable[[], int] = lambda: DEFAULT_RETRY_AFTER_S) -> OpenAIError:
     """Triton's answer -> OpenAI's error. A gRPC stream carries the message without Triton's
-    error code, so the code is read from the controller's messages: invalid input always starts
-    with the input's name, an unavailable server with "server busy" / "target engine failed"."""
+    error code, so the status is read from the message: a retryable server-side condition ends
+    with "(retry after N s)" (503, ``Retry-After: N``); invalid input starts with the input's
+    name (400); anything else the server did wrong is a 500. A call that failed as a whole
+    (the server unreachable or restarting) has its gRPC status: UNAVAILABLE is a 503 whose wait
+    is ``retry_after()``."""
     message = exc.message
     if message.startswith("in ensemble"):
         message = message.split(", ", 1)[-1]
     field = message.split(":", 1)[0] if ":" in message else None
-    status = HTTP_OF_STATUS.get(exc.status or "", 0)
+    hint = parse_retry_after(message)
+    status = 503 if hint is not None else HTTP_OF_STATUS.get(exc.status or "", 0)
     if not status:
         if field in input_names:
             status = 400
-        elif message.startswith(("server busy", "target engine failed")):
-            status = 503
+        elif message.startswith(BUSY_PREFIXES) or model_down(message):
+            status = 503  # the model is down (Triton's words) or full: the server's side
         else:
             status = 500
+    if status == 503:
+        if hint is None:
+            hint = retry_after()
+            message = retry_after_message(message, hint)
+        return OpenAIError(503, message, kind="server_busy", retry_after=hint)
+    if status >= 500:
+        return OpenAIError(status, message, kind="server_error")
     param = None
     if field and field.isidentifier():
         param = prompt_param if field == "text_input" else PARAM_OF_INPUT.get(field, field)
-    if status >= 500:
-        return OpenAIError(status, message, kind="server_error" if status == 500 else "server_busy")
     return OpenAIError(status, message, param=param)
+
+
+def _unreachable(exc: Exception, retry_after: Callable[[], int]) -> OpenAIError:
+    seconds = retry_after()
+    return OpenAIError(503, retry_after_message(f"the inference server is unavailable ({type(exc).__name__})", seconds),
+                       kind="server_busy", retry_after=seconds)
 
 
 def _usage(stats: dict | None) -> dict:
@@ -195,9 +221,12 @@ def _sse(payload: dict | str) -> bytes:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", triton_model: str = "banditspec") -> FastAPI:
+def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", triton_model: str = "banditspec",
+               retry_after: Callable[[], int] | None = None) -> FastAPI:
     """The app; ``tokenizer`` renders chat messages with the model's chat template and counts
-    prompt tokens (the same tokenizer the controller uses)."""
+    prompt tokens (the same tokenizer the controller uses); ``retry_after`` estimates the seconds
+    until an unreachable server answers again (``banditspec serve``: its supervisor's restart time)."""
+    wait = retry_after or (lambda: DEFAULT_RETRY_AFTER_S)
     backend = TritonBackend(triton_url, triton_model)
     state: dict = {}
 
@@ -210,12 +239,17 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
 
     async def facts() -> ModelFacts:
         if "facts" not in state:
-            state["facts"] = await backend.facts()
+            try:
+                state["facts"] = await backend.facts()
+            except Exception as exc:  # Triton unreachable or restarting
+                raise _unreachable(exc, wait) from None
         return state["facts"]
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError):
-        return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status,
+                            headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -246,12 +280,12 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
             first = await stream.__anext__()
         except TritonError as exc:
             await stream.aclose()
-            raise _triton_error(exc, prompt_param, (await facts()).inputs) from None
+            raise _triton_error(exc, prompt_param, (await facts()).inputs, wait) from None
         except StopAsyncIteration:
             raise OpenAIError(502, "the model sent no response") from None
         except Exception as exc:  # Triton unreachable etc.
             await stream.aclose()
-            raise OpenAIError(503, f"the inference server is unavailable ({type(exc).__name__})", kind="server_busy") from None
+            raise _unreachable(exc, wait) from None
         return first, stream
 
     async def collect(first: Chunk, stream) -> tuple[str, dict | None]:
@@ -261,7 +295,9 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
                 chunk = await stream.__anext__()
                 parts.append(chunk.text)
         except TritonError as exc:
-            raise _triton_error(exc, "prompt") from None
+            raise _triton_error(exc, "prompt", retry_after=wait) from None
+        except Exception as exc:  # the connection to Triton broke mid-answer
+            raise _unreachable(exc, wait) from None
         finally:
             await stream.aclose()
         return "".join(parts), chunk.stats
@@ -282,9 +318,9 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
                     if chunk.text:
                         yield _sse(make_chunk(chunk.text, None, None))
                     chunk = await stream.__anext__()
-            except TritonError as exc:
-                err = _triton_error(exc, "prompt")
-                yield _sse(error_body(err.message, err.kind, err.param))
+            except Exception as exc:  # a stream ends with an error event, never a silent close
+                err = _triton_error(exc, "prompt", retry_after=wait) if isinstance(exc, TritonError) else _unreachable(exc, wait)
+                yield _sse(error_body(err.message, err.kind, err.param, err.code))
             finally:
                 await stream.aclose()  # an HTTP client that left cancels the Triton request
 

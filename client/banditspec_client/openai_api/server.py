@@ -7,6 +7,7 @@ import argparse
 import logging
 import threading
 import time
+from typing import Callable
 
 import uvicorn
 
@@ -26,9 +27,10 @@ class OpenAIServer:
 
     def __init__(self, triton_url: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, tokenizer=None,
                  model: str = "smollm2", tokenizer_dir: str = "", model_id: str = "banditspec",
-                 triton_model: str = "banditspec"):
+                 triton_model: str = "banditspec", retry_after: Callable[[], int] | None = None):
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, tokenizer_dir)
-        app = create_app(triton_url, tokenizer=tokenizer, model_id=model_id, triton_model=triton_model)
+        app = create_app(triton_url, tokenizer=tokenizer, model_id=model_id, triton_model=triton_model,
+                         retry_after=retry_after)
         self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
         self.server = uvicorn.Server(self.config)
         self.thread: threading.Thread | None = None

@@ -12,11 +12,33 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 OUTPUTS = ("text_output", "speculation_stats")
+# gRPC's reconnect backoff grows to 120 s by default: a channel that found the server restarting
+# would answer "failed to connect" long after the server is back. Capped at 1 s here.
+RECONNECT_BACKOFF_MS = (("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                        ("grpc.max_reconnect_backoff_ms", 1000))
+
+
+def _channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own channel options (message sizes, keepalive) plus the capped backoff."""
+    from tritonclient.grpc import KeepAliveOptions
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        *RECONNECT_BACKOFF_MS,
+    ]
 
 
 class TritonError(Exception):
@@ -80,7 +102,7 @@ class TritonBackend:
     @property
     def client(self) -> grpcclient.InferenceServerClient:
         if self._client is None:  # created inside the serving event loop
-            self._client = grpcclient.InferenceServerClient(self.url)
+            self._client = grpcclient.InferenceServerClient(self.url, channel_args=_channel_args())
         return self._client
 
     async def close(self) -> None:
@@ -120,9 +142,12 @@ class TritonBackend:
         async def one_request():
             yield request
 
-        responses = self.client.stream_infer(one_request())
         try:
-            async for result, error in responses:
+            responses = self.client.stream_infer(one_request())
+        except InferenceServerException as exc:
+            raise TritonError(_status(exc), exc.message()) from None
+        try:
+            async for result, error in _transport_errors(responses):
                 if error is not None:
                     raise TritonError(_status(error), error.message())
                 response = result.get_response()
@@ -136,6 +161,23 @@ class TritonBackend:
                     return
         finally:
             responses.cancel()  # no-op after the final response; cancels the request otherwise
+
+
+async def _transport_errors(responses):
+    """The stream's items; a broken connection (the server went away, or restarts) is a TritonError
+    with its gRPC status (UNAVAILABLE, CANCELLED ...), not the grpc library's own exception."""
+    iterator = responses.__aiter__()
+    while True:
+        try:
+            item = await iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            raise TritonError(code.name if code is not None else "UNKNOWN",
+                              f"the inference server closed the stream ({details})") from None
+        yield item
 
 
 def _status(error: InferenceServerException) -> str:

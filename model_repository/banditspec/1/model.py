@@ -13,17 +13,18 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from banditspec.errors import EngineError
+from banditspec.errors import EngineError, model_down, parse_retry_after, retry_after_message
 from banditspec.heap import freeze_heap
 from banditspec.metrics import build_serving_metrics, triton_family_factory
 from banditspec.serving import INPUT_KINDS, stats_json
-from banditspec.serving_config import ServingConfig, model_parameters
+from banditspec.serving_config import Parameters, ServingConfig, model_parameters
 from banditspec.serving_setup import build_controller
 
 log = logging.getLogger("banditspec.model")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # pb_utils.TritonError exists only once the stub runs (not at auto-complete import time).
 ERROR_CODES = {"invalid": "INVALID_ARG", "unavailable": "UNAVAILABLE", "internal": "INTERNAL"}
+DEFAULT_RETRY_AFTER_S = 30  # a down target's hint before serve has measured a start-up
 
 
 def bls_infer(model_name, tensors, output_names):
@@ -96,8 +97,9 @@ def wanted_extras(request, inputs):
 class TritonSink:
     """banditspec.serving.ResponseSink over a decoupled response sender."""
 
-    def __init__(self, sender, shutting_down, extras=frozenset(), indices=frozenset()):
+    def __init__(self, sender, shutting_down, extras=frozenset(), indices=frozenset(), retry_after_s=DEFAULT_RETRY_AFTER_S):
         self._sender = sender
+        self._retry_after_s = retry_after_s  # a down target's hint: about the time a restart takes
         self._shutting_down = shutting_down
         self._extras = extras  # optional outputs on the final response
         self._indices = indices  # batch_index / sequence_index (always 0) on every response
@@ -115,6 +117,10 @@ class TritonSink:
         self.closed = final
 
     def fail(self, kind, message):
+        if kind != "invalid" and model_down(message):  # a bad field stays the client's, whatever its words
+            kind = "unavailable"
+            if parse_retry_after(message) is None:
+                message = retry_after_message(message, self._retry_after_s)
         code = getattr(pb_utils.TritonError, ERROR_CODES.get(kind, "INTERNAL"))
         error = pb_utils.TritonError(message, code)
         self._sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
@@ -127,7 +133,10 @@ class TritonSink:
 class TritonPythonModel:
     def initialize(self, args):
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <stub pid>: thread stacks to the server log
-        config = ServingConfig.from_parameters(model_parameters(args))  # read once; errors name the parameter
+        params = model_parameters(args)
+        config = ServingConfig.from_parameters(params)  # read once; errors name the parameter
+        # seconds a client is told to wait when the target is down: serve sets its last measured start-up
+        self.retry_after_s = Parameters(params).integer("retry_after_s", DEFAULT_RETRY_AFTER_S, low=1)
         self.controller = build_controller(config, bls_infer)
         self.metrics = build_serving_metrics(
             self.controller,
@@ -149,7 +158,8 @@ class TritonPythonModel:
             for name in INPUT_KINDS:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 inputs[name] = None if tensor is None else tensor.as_numpy()
-            sink = TritonSink(request.get_response_sender(), self.shutting_down, *wanted_extras(request, inputs))
+            sink = TritonSink(request.get_response_sender(), self.shutting_down, *wanted_extras(request, inputs),
+                              retry_after_s=self.retry_after_s)
             batch = {np.asarray(v).shape[0] for v in inputs.values() if v is not None and np.asarray(v).ndim > 1}
             if any(size != 1 for size in batch):
                 sink.fail("invalid", "text_input: send one prompt per request (batch dimension must be 1)")
