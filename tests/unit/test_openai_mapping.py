@@ -47,3 +47,8 @@ def test_triton_messages_map_to_status_and_param(message, status, param):
     err = _triton_error(TritonError("", message), "messages", FACTS.inputs)
     assert err.status == status and err.param == param
     assert err.kind == ("invalid_request_error" if status == 400 else "server_error" if status == 500 else "server_busy")
+
+
+def test_a_request_without_a_seed_sends_none_so_the_server_draws_a_fresh_one():
+    assert "random_seed" not in common_inputs(CompletionRequest(model="m", prompt="p", temperature=0.8), FACTS, None, 16)
+    assert common_inputs(CompletionRequest(model="m", prompt="p", seed=0), FACTS, None, 16)["random_seed"] == 0
