@@ -21,7 +21,7 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-draft-len", type=int, default=DEFAULT_MAX_DRAFT_LEN, help="L, the longest speculation")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh one, reported in the stats)")
     p.add_argument("--stop", action="append", default=[], help="stop word (repeatable)")
     p.add_argument("--reward", default="accepted", choices=["accepted", "throughput"])
     p.add_argument("--no-chat", action="store_true", help="send the prompt as raw text, no chat template")
@@ -38,7 +38,7 @@ def _cmd_generate(args) -> int:
 
 
 def _generate_local(args) -> int:
-    from banditspec.config import GenerationRequest
+    from banditspec.config import GenerationRequest, fresh_seed
     from banditspec.decoding import generate
     from banditspec.runtime import DEFAULT_ARMS, load_local
     from banditspec.text import IncrementalDetokenizer, prompt_ids, stop_sequences
@@ -52,7 +52,7 @@ def _generate_local(args) -> int:
         arms=args.arms.split(",") if args.arms else None,
         max_draft_len=args.max_draft_len,
         temperature=args.temperature,
-        seed=args.seed,
+        seed=args.seed if args.seed is not None else fresh_seed(),
         stop_sequences=stop_sequences(tok, args.stop),
         reward=args.reward,
     )

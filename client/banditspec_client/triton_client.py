@@ -189,7 +189,7 @@ def generate_remote(args) -> int:
         max_tokens=args.max_tokens,
         stream=args.stream,
         temperature=args.temperature if args.temperature else None,
-        seed=args.seed if args.seed else None,
+        seed=args.seed,
         stop_words=args.stop,
         policy=args.policy,
         arms=args.arms.split(",") if args.arms else None,

@@ -8,6 +8,7 @@ is the arm that drafts nothing (gamma 0: plain decoding).
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -24,6 +25,15 @@ DEFAULT_MAX_DRAFT_LEN = 8
 # what a policy string and an arm list turn into, is in banditspec.bandits.registry.
 DEFAULT_POLICY = "costaware"
 REWARD_CHOICES = ("accepted", "throughput")
+# A drawn seed stays below 2**53 so that every JSON reader (a double in JavaScript) reads the
+# reported seed back exactly, and sending it again reproduces the text.
+FRESH_SEED_BITS = 53
+
+
+def fresh_seed() -> int:
+    """A seed for a request that names none: drawn from the OS's randomness, so two such
+    requests draw different samples (reported in speculation_stats, so the text can be reproduced)."""
+    return secrets.randbits(FRESH_SEED_BITS)
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,8 @@ class Limits:
     max_prompt_tokens: int = 4096
     max_stop_words: int = 16
     max_stop_word_tokens: int = 32
+    max_bad_words: int = 64
+    max_bad_word_tokens: int = 32
     max_draft_len: int = MAX_SPECULATION_LENGTH
 
 
@@ -78,6 +90,11 @@ class GenerationRequest:
 
     prompt_ids:     int token ids of the prompt (chat template already applied by the caller)
     stop_sequences: token-id sequences; generation stops before the first occurrence
+    bad_words:      banned token-id sequences: the token that would complete one gets
+                    probability 0 in the target's distribution (banditspec.engine.bad_words)
+    seed:           the random seed of sampling and of randomized policies; explicit here (a
+                    benchmark's or replay's runs stay reproducible): the serving layer draws
+                    a fresh one (:func:`fresh_seed`) for a request that names none
     arms:           arm names (see module doc); None = the decoder's default arm set
     policy:         costaware (default) | vanilla | ucbspec | exp3spec | uniform | fixed:<arm>
                     (checked and resolved with the arms by banditspec.bandits.registry)
@@ -95,6 +112,7 @@ class GenerationRequest:
     seed: int = 0
     stop_sequences: Sequence[Sequence[int]] = field(default_factory=tuple)
     reward: str = "accepted"
+    bad_words: Sequence[Sequence[int]] = field(default_factory=tuple)
 
 
 def check_prompt(prompt: str | Sequence[int] | None) -> None:
@@ -147,5 +165,12 @@ def validate_request(req: GenerationRequest, *, max_context: int, vocab_size: in
             raise BanditSpecValidationError(
                 "stop_words", f"each stop word must be 1..{limits.max_stop_word_tokens} tokens"
             )
+    if len(req.bad_words) > limits.max_bad_words:
+        raise BanditSpecValidationError("bad_words", f"at most {limits.max_bad_words} bad words")
+    for seq in req.bad_words:
+        if not 0 < len(seq) <= limits.max_bad_word_tokens:
+            raise BanditSpecValidationError("bad_words", f"each bad word must be 1..{limits.max_bad_word_tokens} tokens")
+        if any(not 0 <= int(t) < vocab_size for t in seq):
+            raise BanditSpecValidationError("bad_words", f"token ids must be in 0..{vocab_size - 1}")
     if req.reward not in REWARD_CHOICES:
         raise BanditSpecValidationError("reward", f"unknown reward {req.reward!r}; choose from {REWARD_CHOICES}")

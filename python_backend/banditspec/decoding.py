@@ -78,6 +78,7 @@ class DecodingSession:
         self._generated: list[int] = []
         self._emitted = 0
         self._stop_sequences = [list(map(int, s)) for s in request.stop_sequences]
+        self._bad_words = tuple(tuple(int(t) for t in w) for w in request.bad_words)
         self._clock = decoder.clock
         self._cost_model = decoder.cost_model
         chosen = build_policy(
@@ -96,7 +97,7 @@ class DecodingSession:
         self._reward = make_reward(request.reward, decoder.cost_model, request.max_draft_len)
         self._verify_started = 0.0
         self._available = list(range(len(arms)))
-        self.stats = SpeculationStats()
+        self.stats = SpeculationStats(seed=int(request.seed))
         self.finished = False
         self.finish_reason: str | None = None
         # (arm index, draft length, draft cut short by max_tokens/context, start time)
@@ -168,6 +169,7 @@ class DecodingSession:
             end_id=self._decoder.eos_id,
             hidden_from=hidden_from,
             hidden_layers=self._hidden_layers if hidden_from >= 0 else (),
+            bad_words=self._bad_words,
         )
 
     def apply(self, result: VerifyResult) -> StepEvent:

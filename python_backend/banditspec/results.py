@@ -39,6 +39,7 @@ class SpeculationStats:
     # KV-cache blocks the target reused / allocated (engines that report it: TensorRT-LLM)
     kv_cache_reused_blocks: int | None = None
     kv_cache_alloc_new_blocks: int | None = None
+    seed: int | None = None  # the request's random seed: sending it again reproduces a sampled text
 
     @property
     def steps(self) -> int:
@@ -70,6 +71,7 @@ class SpeculationStats:
             "tokens_per_second": round(self.generated_tokens / elapsed, 3) if elapsed > 0 else 0.0,
             "per_arm": per_arm,
             "dropped_arms": dict(self.dropped_arms),
+            **({"seed": self.seed} if self.seed is not None else {}),
             **({"controller": self.controller} if self.controller is not None else {}),
             **({"kv_cache_reused_blocks": self.kv_cache_reused_blocks,
                 "kv_cache_alloc_new_blocks": self.kv_cache_alloc_new_blocks}

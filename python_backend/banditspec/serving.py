@@ -31,7 +31,7 @@ from banditspec.outcomes import (  # how a request ended (Controller.on_request_
     OUTCOME_TARGET_ERROR,
     OUTCOMES as OUTCOMES,  # re-exported: the label values of the requests metric
 )
-from banditspec.text import IncrementalDetokenizer, prompt_ids, stop_sequences
+from banditspec.text import IncrementalDetokenizer, bad_word_sequences, prompt_ids, stop_sequences
 from banditspec import trtllm_compat
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ class RequestInputs:
             seed=self.compat.seed,
             stop_sequences=stop_sequences(tokenizer, self.stop_words),
             reward=self.reward,
+            bad_words=bad_word_sequences(tokenizer, self.compat.bad_words),
         )
 
 

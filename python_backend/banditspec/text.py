@@ -54,6 +54,12 @@ def stop_sequences(tokenizer, words: Sequence[str]) -> list[list[int]]:
     return out
 
 
+def bad_word_sequences(tokenizer, words: Sequence[str]) -> list[list[int]]:
+    """Token sequences of bad words: each tokenized on its own without special tokens, a word
+    of no tokens skipped (TensorRT-LLM's preprocessing does the same)."""
+    return [ids for word in words if (ids := text_ids(tokenizer, word))]
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas whose concatenation is
     exactly ``tokenizer.decode(all ids)``. A trailing incomplete UTF-8 character

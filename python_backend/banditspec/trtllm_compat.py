@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from banditspec.config import fresh_seed
 from banditspec.errors import BanditSpecValidationError
 
 # name -> (Triton data type, dims) as upstream declares it (dims without the batch dimension).
@@ -135,7 +136,7 @@ RULES: dict[str, str] = {
     "trtllm_temperature": "temperature with TensorRT-LLM's meaning: sampling only with top_k > 1 or top_p > 0, greedy otherwise",
     "top_k": "0 (off), 1 (greedy) or >= the vocabulary size (off) are honoured; other values are refused",
     "top_p": "0 (off) or 1.0 (the full distribution) are honoured; other values are refused",
-    "random_seed, seed": "honoured (the same seed); both at once must agree",
+    "random_seed, seed": "honoured (the same seed, the same text under every policy); both at once must agree; without either a fresh seed is drawn, reported as speculation_stats.seed",
     "end_id": "honoured when it is the model's end token; another end token is refused",
     "pad_id": "accepted: text output has no padding",
     "exclude_input_in_output": "honoured: false prepends text_input to a non-streamed text_output (streamed responses carry new text only, as upstream)",
@@ -145,7 +146,7 @@ RULES: dict[str, str] = {
     "min_length, min_tokens": "0 or 1 are honoured (every request yields >= 1 token); larger values are refused",
     "repetition_penalty": "1.0 (off) is honoured; other values are refused",
     "presence_penalty, frequency_penalty": "0.0 (off) is honoured; other values are refused",
-    "bad_words": "an empty list (or empty strings) is honoured; bad words are refused",
+    "bad_words": "honoured: each word is tokenized on its own (no special tokens, empty words skipped, as upstream's preprocessing); the token that would complete a banned sequence gets probability 0, in plain and speculative decoding alike (a draft token completing one is rejected)",
     "embedding_bias_words, embedding_bias_weights": "refused when sent non-empty",
     "return_log_probs, return_context_logits, return_generation_logits, return_kv_cache_reuse_stats":
         "false is honoured; true is refused (the verify contract returns no log-probs, logits or KV-block counts)",
@@ -166,7 +167,8 @@ class Resolved:
     """What the upstream inputs of one request amount to."""
 
     temperature: float = 0.0
-    seed: int = 0
+    seed: int = 0  # the request's seed, or a fresh one when it names none
+    bad_words: tuple[str, ...] = ()  # non-empty words, as sent
     max_draft_len: int | None = None  # None: not set by num_draft_tokens
     policy: str | None = None  # "vanilla" when num_draft_tokens is 0
     echo_prompt: bool = False  # exclude_input_in_output false, not streaming
@@ -203,8 +205,6 @@ def resolve(values: Mapping[str, Any], *, vocab_size: int, eos_id: int) -> Resol
         if get(name):
             what = "encoder-decoder models are" if name == "decoder_text_input" else "guided decoding is"
             _refuse(name, f"{what} not supported by this server (send it empty or leave it out)")
-    if any(get("bad_words") or []):
-        _refuse("bad_words", "bad words are not supported by this server (send an empty list or leave it out)")
     if any(get("embedding_bias_words") or []):
         _refuse("embedding_bias_words", "embedding bias is not supported by this server")
     if "embedding_bias_weights" in values and len(values["embedding_bias_weights"].reshape(-1)) and bool(
@@ -262,7 +262,7 @@ def resolve(values: Mapping[str, Any], *, vocab_size: int, eos_id: int) -> Resol
     seeds = {name: values[name] for name in ("random_seed", "seed") if name in values}
     if len(set(seeds.values())) > 1:
         _refuse("seed", "random_seed and seed differ; send one of them")
-    seed = next(iter(seeds.values()), 0)
+    seed = next(iter(seeds.values())) if seeds else fresh_seed()
 
     max_draft_len = policy = None
     if "num_draft_tokens" in values:
@@ -279,6 +279,7 @@ def resolve(values: Mapping[str, Any], *, vocab_size: int, eos_id: int) -> Resol
     return Resolved(
         temperature=temperature,
         seed=seed,
+        bad_words=tuple(word for word in get("bad_words") or () if word),
         max_draft_len=max_draft_len,
         policy=policy,
         echo_prompt=echo,

@@ -26,7 +26,7 @@ OUTPUT_LEN = 20
 def upstream_inputs(prompt=PROMPT, output_len=OUTPUT_LEN, streaming=False, beam_width=1, temperature=1.0,
                     num_return_sequences=None, exclude_input_in_output=False, stop_words=(), end_id=None,
                     pad_id=None, repetition_penalty=None, return_log_probs=False, return_perf_metrics=False,
-                    num_draft_tokens=0, use_draft_logits=None, guided_decoding_guide_type=None):
+                    num_draft_tokens=0, use_draft_logits=None, guided_decoding_guide_type=None, bad_words=()):
     """The client's prepare_inputs with its argparse defaults (beam 1, temperature 1.0, ...)."""
     inputs = {
         "text_input": np.array([[prompt]]).astype(object),
@@ -43,6 +43,8 @@ def upstream_inputs(prompt=PROMPT, output_len=OUTPUT_LEN, streaming=False, beam_
         inputs["use_draft_logits"] = np.array([[use_draft_logits]], dtype=bool)
     if stop_words:
         inputs["stop_words"] = np.array([list(stop_words)], dtype=object)
+    if bad_words:
+        inputs["bad_words"] = np.array([list(bad_words)], dtype=object)
     if repetition_penalty is not None:
         inputs["repetition_penalty"] = np.array([[repetition_penalty]], dtype=np.float32)
     if return_log_probs:
@@ -164,3 +166,69 @@ def test_banditspec_takes_the_same_input_set(server, local_vanilla):
     inputs = upstream_inputs(temperature=0.0, exclude_input_in_output=True, num_draft_tokens=3, use_draft_logits=False)
     responses = send_like_upstream(server.grpc_url, "banditspec", inputs, requested_outputs())
     assert text_of(responses, False) == local_vanilla(PROMPT, OUTPUT_LEN)
+
+
+# --- bad_words with stop_words, end_id, pad_id and streaming; fresh seeds ----------------
+
+BAD_WORDS = (" square", " num **")  # the first appears in the greedy answer: the ban changes it
+STOP_WORDS = ("```\n",)
+
+
+def _eos() -> int:
+    from banditspec.serving_setup import load_serving_tokenizer
+
+    return load_serving_tokenizer({"target_model": "smollm2"}).eos_token_id
+
+
+def _banned_inputs(**extra):
+    eos = _eos()
+    return upstream_inputs(streaming=True, exclude_input_in_output=True, end_id=eos, pad_id=eos,
+                           stop_words=STOP_WORDS, bad_words=BAD_WORDS, **extra)
+
+
+def _plain_with_the_ban(server) -> str:
+    """Plain decoding (num_draft_tokens 0: policy vanilla) with the same ban, through the server."""
+    inputs = _banned_inputs(temperature=0.0, num_draft_tokens=0)
+    return text_of(send_like_upstream(server.grpc_url, "banditspec", inputs, requested_outputs()), True)
+
+
+@pytest.mark.parametrize("model_name", ["ensemble", "tensorrt_llm_bls", "banditspec"])
+def test_bad_words_stop_words_end_pad_ids_and_streaming_together(server, local_vanilla, model_name):
+    # end_to_end_grpc_client.py -p PROMPT -o 20 -S --exclude-input-in-output --end-id 2 --pad-id 2
+    #   --stop-words '```\n' --bad-words ' square' ' num **' --model-name MODEL
+    # (banditspec's own temperature samples: the client's set with temperature 0 there)
+    inputs = _banned_inputs(temperature=0.0 if model_name == "banditspec" else 1.0)
+    responses = send_like_upstream(server.grpc_url, model_name, inputs, requested_outputs())
+    assert not any(isinstance(r, Exception) for r in responses), [str(r) for r in responses]
+    assert len(responses) > 1  # streamed
+    text = text_of(responses, True)
+    assert text == _plain_with_the_ban(server)
+    assert text != local_vanilla(PROMPT, OUTPUT_LEN)  # the ban acted
+
+
+@pytest.mark.parametrize("policy", ["fixed:pld", "fixed:suffix", "costaware"])
+def test_speculative_greedy_with_a_ban_equals_plain_with_it_through_the_server(server, policy):
+    inputs = _banned_inputs(temperature=0.0)
+    inputs["policy"] = np.array([[policy]]).astype(object)
+    text = text_of(send_like_upstream(server.grpc_url, "banditspec", inputs, requested_outputs()), True)
+    assert text == _plain_with_the_ban(server)
+
+
+def _sampled(server, seed=None):
+    import json
+
+    inputs = upstream_inputs(exclude_input_in_output=True, temperature=0.8)
+    inputs["top_p"] = np.array([[1.0]], dtype=np.float32)  # TensorRT-LLM's meaning: sample the whole distribution
+    if seed is not None:
+        inputs["seed"] = np.array([[seed]], dtype=np.uint64)
+    (response,) = send_like_upstream(server.grpc_url, "ensemble", inputs, ["text_output", "speculation_stats"])
+    assert not isinstance(response, Exception), response
+    stats = json.loads(response.as_numpy("speculation_stats").reshape(-1)[0])
+    return response.as_numpy("text_output").reshape(-1)[0].decode("utf-8"), stats["seed"]
+
+
+def test_requests_without_a_seed_draw_fresh_ones_and_the_reported_seed_reproduces_them(server):
+    (text_a, seed_a), (text_b, seed_b) = _sampled(server), _sampled(server)
+    assert seed_a != seed_b and text_a != text_b
+    assert _sampled(server, seed_a) == (text_a, seed_a)
+    assert _sampled(server, 42) == _sampled(server, 42)

@@ -63,3 +63,8 @@ def test_a_broken_connection_is_a_503_with_the_restart_estimate(status):
                         FACTS.inputs, retry_after=lambda: 19)
     assert (err.status, err.retry_after, err.kind) == (503, 19, "server_busy")
     assert err.message.endswith("(retry after 19 s)")
+
+
+def test_a_request_without_a_seed_sends_none_so_the_server_draws_a_fresh_one():
+    assert "random_seed" not in common_inputs(CompletionRequest(model="m", prompt="p", temperature=0.8), FACTS, None, 16)
+    assert common_inputs(CompletionRequest(model="m", prompt="p", seed=0), FACTS, None, 16)["random_seed"] == 0

@@ -25,8 +25,9 @@ TRT_TEMPLATES = REPO / "model_repository_trtllm"
 Table = dict[str, tuple[str, list[int]]]
 
 # What the controller sends to a TensorRT-LLM draft engine: plain generation of gamma
-# tokens (no draft inputs), plus the logits request for speculative sampling.
-DRAFT_ONLY_INPUTS = ("draft_input_ids", "draft_logits")
+# tokens (no draft inputs, no banned words: the target's verification applies them), plus
+# the logits request for speculative sampling.
+DRAFT_ONLY_INPUTS = ("draft_input_ids", "draft_logits", "bad_words_list")
 DRAFT_INPUTS: Table = getattr(contract, "DRAFT_INPUTS", None) or {
     **{k: v for k, v in contract.TARGET_INPUTS.items() if k not in DRAFT_ONLY_INPUTS},
     "return_generation_logits": ("TYPE_BOOL", [1]),

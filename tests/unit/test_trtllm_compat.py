@@ -163,7 +163,6 @@ def test_seed_and_random_seed_are_the_same_knob():
         (dict(min_tokens=i32(5)), "min_tokens"),
         (dict(min_length=i32(5)), "min_length"),
         (dict(end_id=i32(3)), "end_id"),
-        (dict(bad_words=words("foo")), "bad_words"),
         (dict(embedding_bias_words=words("foo"), embedding_bias_weights=np.array([[1.0]], dtype=np.float32)),
          "embedding_bias_words"),
         (dict(return_log_probs=b(True)), "return_log_probs"),
@@ -194,3 +193,24 @@ def test_inputs_that_would_change_the_output_are_refused_by_name(extra, field):
 def test_rules_cover_every_upstream_input():
     documented = {name.strip() for key in trtllm_compat.RULES for name in key.split(",")}
     assert set(trtllm_compat.UPSTREAM_INPUTS) | {"trtllm_temperature"} <= documented
+
+
+def test_bad_words_are_tokenized_one_by_one_and_reach_the_request():
+    controller, _ = make_controller()
+    request, _ = controller.build_request(inputs(extra_bad_words=words("lo", "", "wor")))
+    assert [list(w) for w in request.bad_words] == [list(b"lo"), list(b"wor")]  # "" skipped, as upstream
+    request, _ = controller.build_request(inputs())
+    assert list(request.bad_words) == []
+
+
+def test_a_request_without_a_seed_draws_a_fresh_one_and_reports_it():
+    seeds = {trtllm_compat.resolve({}, vocab_size=257, eos_id=256).seed for _ in range(8)}
+    assert len(seeds) == 8 and all(0 <= s < 2**53 for s in seeds)
+    assert trtllm_compat.resolve({"seed": 7}, vocab_size=257, eos_id=256).seed == 7
+    assert trtllm_compat.resolve({"random_seed": 7}, vocab_size=257, eos_id=256).seed == 7
+    sink, _ = _run(seed=u64(11))
+    assert sink.sent[-1][1]["seed"] == 11
+    sink, _ = _run()
+    first = sink.sent[-1][1]["seed"]
+    sink, _ = _run()
+    assert sink.sent[-1][1]["seed"] != first

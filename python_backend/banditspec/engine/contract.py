@@ -41,6 +41,9 @@ class VerifyRequest:
     hidden_layers: which states: () = the last post-norm hidden state (EAGLE-1); else the
                  outputs of these decoder layers (residual stream, before the final norm),
                  concatenated per position in this order (EAGLE-3: low, middle, high layer).
+    bad_words:   banned token sequences (:mod:`banditspec.engine.bad_words`): the token that
+                 would complete one, given everything before it (draft tokens included), has
+                 probability 0 at every decided position, greedy or sampled
     """
 
     input_ids: np.ndarray
@@ -51,6 +54,7 @@ class VerifyRequest:
     end_id: int = -1
     hidden_from: int = -1
     hidden_layers: tuple[int, ...] = ()
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -103,6 +107,7 @@ TARGET_INPUTS: dict[str, tuple[str, list[int]]] = {
     "temperature": ("TYPE_FP32", [1]),
     "seed": ("TYPE_UINT64", [1]),  # TensorRT-LLM backend name (BLS clients send `random_seed`)
     "draft_logits": ("TYPE_FP32", [-1, -1]),
+    "bad_words_list": ("TYPE_INT32", [2, -1]),  # offsets form (banditspec.engine.bad_words)
 }
 TARGET_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "output_ids": ("TYPE_INT32", [-1, -1]),

@@ -46,6 +46,7 @@ import torch
 from transformers import DynamicCache
 
 from banditspec.engine.allocator import keep_freed_memory
+from banditspec.engine.bad_words import BadWords, canonical, check_tokens, mask_banned
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.fast_llama import FastLlama, Linear, PackedLinear, make_linear
 from banditspec.engine.kv_buffer import KVBuffer
@@ -81,6 +82,7 @@ class CheckedRequest:
     end_id: int
     hidden_from: int
     hidden_layers: tuple[int, ...] = ()
+    bad_words: BadWords = ()
 
     @property
     def feature_kind(self) -> FeatureKind:
@@ -126,10 +128,12 @@ def validate_request(request: VerifyRequest, vocab_size: int, max_context: int,
     draft_probs = None
     if request.draft_probs is not None and temperature > 0:
         draft_probs = _draft_distribution(request.draft_probs, len(draft_ids), vocab_size)
+    bad_words = canonical(getattr(request, "bad_words", ()))
+    check_tokens(bad_words, vocab_size)
     return CheckedRequest(
         input_ids, draft_ids, draft_probs, float(temperature),
         int(request.seed), int(request.end_id), int(request.hidden_from),
-        tuple(int(a) for a in layers),
+        tuple(int(a) for a in layers), bad_words,
     )
 
 
@@ -476,13 +480,16 @@ class ReferenceEngine:
     def _decide(self, job: _Job, row: _RowOutput) -> VerifyResult:
         """Accept/reject the draft, store the confirmed KV, cut hidden states."""
         request, draft_ids, input_length = job.request, job.request.draft_ids, len(job.request.input_ids)
+        # Banned words act on the target's own logits, row by row, so plain decoding and
+        # every draft see the same (banned) distribution at the same sequence.
+        logits = mask_banned(row.logits, request.input_ids, draft_ids, request.bad_words)
         if request.temperature == 0:
             # numpy's argmax (first index of the maximum, like torch's): ~10x faster on [rows, vocab]
-            target_tokens = row.logits.numpy().argmax(axis=-1)
+            target_tokens = logits.numpy().argmax(axis=-1)
             num_accepted = count_greedy_accepted(target_tokens, draft_ids)
             next_token = int(target_tokens[num_accepted])
         else:
-            p = target_distribution(row.logits, request.temperature)
+            p = target_distribution(logits, request.temperature)
             if request.draft_probs is None:  # a deterministic draft: plain decoding's own draws
                 outcome = coupled_sample(p, draft_ids, request.seed, input_length)
             else:

@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from banditspec.engine.bad_words import from_word_list, to_word_list
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.trtllm import TRTLLM_PERF_OUTPUTS, TrtllmVerifyResult, step_seed
 from banditspec.errors import BanditSpecValidationError, EngineError
@@ -81,6 +82,7 @@ def encode_requests(reqs: Sequence[VerifyRequest], *, with_reference_extras: boo
         tensors["hidden_states_from"] = np.array([[r.hidden_from] for r in reqs], dtype=np.int32)
         if reqs[0].hidden_layers:
             tensors["hidden_states_layers"] = np.tile(np.asarray(reqs[0].hidden_layers, dtype=np.int32), (n, 1))
+    tensors.update(encode_bad_words(reqs))
     return tensors
 
 
@@ -171,7 +173,36 @@ def decode_requests(tensors: Mapping[str, np.ndarray]) -> list[VerifyRequest]:
             hidden_from=hidden_from[i],
             hidden_layers=_layer_list(layers if layer_rows is None else layer_rows[i]),
         ))
+    for request, words in zip(out, decode_bad_words(tensors, n)):
+        request.bad_words = words
     return out
+
+
+# --- bad_words_list: passed through unchanged (TensorRT-LLM's own input on GPU) ----------------
+
+
+def encode_bad_words(reqs: Sequence[VerifyRequest]) -> Tensors:
+    """``bad_words_list`` int32 [N, 2, W] when a row bans anything (upstream's offsets form, each
+    row padded to the widest; banditspec.engine.bad_words), else nothing. A TensorRT-LLM target
+    takes it as its own input, so the ban acts inside the engine, as on the reference target."""
+    if not any(r.bad_words for r in reqs):
+        return {}
+    width = max(sum(len(word) for word in r.bad_words) for r in reqs)
+    return {"bad_words_list": np.stack([to_word_list(r.bad_words, width) for r in reqs])}
+
+
+def decode_bad_words(tensors: Mapping[str, np.ndarray], n: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Each of ``n`` rows' banned words from ``bad_words_list`` (absent: none)."""
+    value = tensors.get("bad_words_list")
+    if value is None or np.size(value) == 0:
+        return [()] * n
+    array = np.asarray(value)
+    if array.ndim == 2:
+        array = array[None]
+    if array.ndim != 3 or array.shape[0] != n:
+        raise BanditSpecValidationError(
+            "bad_words_list", f"expected [{n}, 2, N] (one list per sequence), got shape {list(np.shape(value))}")
+    return [from_word_list(array[i], where=f" (sequence {i})" if n > 1 else "") for i in range(n)]
 
 
 def _rows(value, name: str, n: int) -> np.ndarray:
