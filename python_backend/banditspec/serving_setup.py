@@ -99,6 +99,6 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
     if isinstance(served, VerifyGatherer) and decoder.cost_model.batch is not None:
         served.report_to(decoder.cost_model.batch)  # what batched calls cost: the controller's price under load
     for counted in (budget, served, decoder.cost_model.batch):
-        if hasattr(counted, "bind_active_sequences"):  # the server's exact count of sequences in flight
+        if counted is not None and hasattr(counted, "bind_active_sequences"):  # the server's exact count of sequences in flight
             counted.bind_active_sequences(lambda: controller.active_sequences)
     return controller
