@@ -251,7 +251,7 @@ def run(args) -> int:
         "requests_per_stream": args.requests_per_stream, "temperature": args.temperature, "seed": args.seed,
         "max_draft_len": server_params.get("default_max_draft_len", _repository_default("default_max_draft_len")),
         "torch_threads": args.torch_threads if args.torch_threads is not None else
-        f"server default ({_repository_default('torch_threads', 'target')}: 0 = all cores)",
+        f"{_repository_default('torch_threads', 'target')} (the repository's default; 0: torch's own choice)",
         "server_params": server_params, "model": args.model,
     }
     report: dict = {

@@ -97,6 +97,7 @@ def figure(report: dict, transport: str, path: Path) -> Path | None:
                     ax.plot(xs, ys, style, marker="o", color=colours[i % len(colours)],
                             label=method if style == "-" else None)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(report["settings"]["concurrency"], [str(c) for c in report["settings"]["concurrency"]])
         ax.set_xlabel("concurrent streams")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
