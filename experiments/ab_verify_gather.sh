@@ -6,7 +6,7 @@
 #   nogather:  verify_gather_us 0 and no queue delay (why the controller must gather)
 # Single stream: `banditspec bench --through-triton`, 6 code prompts, 64 tokens, 1 thread;
 # the per-step gap between the controller's verify time and the target's own compute is printed.
-# Concurrency: `banditspec bench-concurrency` (pld at gamma 0 and 3).
+# Concurrency: `banditspec bench-load` (plain decoding and pld at gamma 3, Triton gRPC).
 #     bash experiments/ab_verify_gather.sh OUT [single|concurrency]
 set -euo pipefail
 OUT=${1:?output folder}; WHAT=${2:-single}
@@ -34,7 +34,7 @@ PY
 else
   for rep in 1 2; do for cfg in "0 2000" "2000 0"; do
     set_cfg $cfg
-    banditspec bench-concurrency --concurrency 2,4,8 --gammas 0,3 --no-adaptive --measure-s 25 \
-      --out "$OUT/conc-$(echo $cfg | tr ' ' _)-$rep/conc.json" > /dev/null
+    banditspec bench-load --concurrency 2,4,8 --methods vanilla,pld@3 --transports triton --requests-per-stream 4 \
+      --no-progress --out "$OUT/conc-$(echo $cfg | tr ' ' _)-$rep" > /dev/null
   done; done
 fi

@@ -122,7 +122,7 @@ MODULE_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("simulate", "banditspec.simulate", "bandit regret on synthetic arms (the paper's TGD)"),
     ("bench", "banditspec_client.bench.compare.command", "benchmark methods side by side (paper Table 1)"),
     ("bench-overhead", "banditspec_client.bench.overhead", "tokens/s through Triton vs in process, side by side"),
-    ("bench-concurrency", "banditspec_client.bench.concurrency.command", "throughput vs concurrent streams: fixed gamma vs the controller"),
+    ("bench-load", "banditspec_client.bench.concurrency.command", "closed-loop load sweep through Triton gRPC and the OpenAI API: tok/s, TTFT, ITL"),
     ("bench-drafters", "banditspec_client.bench.drafters", "proposal cost of each drafter"),
     ("replay", "banditspec_client.replay", "score every policy offline and exactly from recorded traces (tune, compare)"),
     ("bench-engine", "banditspec_client.bench.engine", "verify cost over k new tokens and decode rate of the target engine"),

@@ -88,6 +88,8 @@ class CostAwareRounds:
         controller = self.controller
         if limit <= 0:
             return None, Draft()
+        batch = self._cost_model.batch  # the other sequences' share of the step (None: alone)
+        controller.price_load(None if batch is None else batch.load())
         candidates, drafts, costly = [], {}, []
         previewing: list[tuple[int, Candidate]] = []  # previewing drafters, asked after the cheap ones
         lazy: list[tuple[int, int]] = []  # (arm index, cap) of cheap drafters asked only when they could win

@@ -89,6 +89,7 @@ class DecodingSession:
             cost_model=decoder.cost_model,
             shared_acceptance=decoder.shared_acceptance,
             costaware_objective=decoder.costaware_objective,
+            temperature=float(request.temperature),
         )
         # costaware chooses (drafter, gamma) itself; the others choose an arm index
         self.controller: CostAwarePolicy | None = chosen if isinstance(chosen, CostAwarePolicy) else None

@@ -96,7 +96,9 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
 
     controller = Controller(decoder, served, tokenizer, defaults,
                             calibrate=lambda: calibrate_cost_model(decoder, engine))  # timed alone, never gathered
-    for counted in (budget, served):
-        if hasattr(counted, "bind_active_sequences"):  # the server's exact count of sequences in flight
+    if isinstance(served, VerifyGatherer) and decoder.cost_model.batch is not None:
+        served.report_to(decoder.cost_model.batch)  # what batched calls cost: the controller's price under load
+    for counted in (budget, served, decoder.cost_model.batch):
+        if counted is not None and hasattr(counted, "bind_active_sequences"):  # the server's exact count of sequences in flight
             counted.bind_active_sequences(lambda: controller.active_sequences)
     return controller

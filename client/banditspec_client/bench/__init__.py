@@ -15,7 +15,7 @@ One module or package per command:
 
 * ``banditspec bench``: :mod:`~banditspec_client.bench.compare` (methods side by side, paper Table 1);
 * ``banditspec bench-overhead``: :mod:`~banditspec_client.bench.overhead`;
-* ``banditspec bench-concurrency``: :mod:`~banditspec_client.bench.concurrency` (closed-loop load);
+* ``banditspec bench-load``: :mod:`~banditspec_client.bench.concurrency` (closed-loop load sweep);
 * ``banditspec bench-drafters``: :mod:`~banditspec_client.bench.drafters`;
 * ``banditspec bench-engine``: :mod:`~banditspec_client.bench.engine`;
 * ``scripts/bench_aiperf.sh``: :mod:`~banditspec_client.bench.aiperf`.

@@ -172,7 +172,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--requests-per-stream", type=int, default=4, help="requests = this x concurrency")
     parser.add_argument("--min-requests", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/aiperf"), help="table, results.json, prompts")
+    parser.add_argument("--out", type=Path, default=Path(".cache/banditspec/aiperf/report"),
+                        help="table (README.md), results.json, prompts")
     parser.add_argument("--artifacts", type=Path, default=Path(".cache/banditspec/aiperf"), help="aiperf's raw exports")
     parser.add_argument("--triton-url", default="localhost:8001", help="to read the server's default_policy")
     parser.add_argument("--report-only", action="store_true", help="only re-render README.md from results.json")

@@ -34,6 +34,23 @@ try the drafter at no cost first).
 Thread-safe: one model is shared by every request of a server. Decisions read it
 through :meth:`curve` (a snapshot), so a request's choices are a deterministic
 function of (its statistics, the snapshot it read).
+
+Under load (:class:`BatchCost`): concurrent sequences' steps reach the target as one
+batched call (engine/gather.py), and a sequence's extra rows make that call slower for
+every sequence in it. ``CostModel.batch`` prices a batched call by its rows R (the tokens
+fed by all its sequences) and their mean context, with the same surface as above (k
+becomes R): ``B(R, C)``. Until gathered calls have been observed, B is this model's own
+calibrated curve, extended over R by its line (a row costs the same whichever sequence
+feeds it); every gathered call refines it. A request whose step joins others feeding R_o
+rows pays for feeding k itself
+
+    T(k) = seconds(k, C) + B(R_o + k, C_call) - B(k, C)
+
+(its own round as alone, plus what the others' rows add given its own): T(k) - T(1) is
+the marginal cost of its rows in the current batch. The controller maximises the call's
+goodput (E_o + E) / T(k), E_o the tokens the others yield (bandits/costaware.py). With
+no other sequence in flight ``load()`` is None and the single-sequence model decides
+alone, as it does in a process without a gatherer.
 """
 
 from __future__ import annotations
@@ -97,11 +114,13 @@ class CostModel:
         min_observations: int = 3,
         context_bucket: int = 64,
         min_spread: float = 48.0,
+        batch_sequences: int = 32,
     ):
         """max_tokens: largest k (1 + L); prior_slope: extra cost per extra token as a share
         of one token's cost, used until two k have been observed; context_bucket: tokens of
         context per cell; min_spread: the weighted standard deviation of the observed
-        contexts (tokens) from which the fit prices context."""
+        contexts (tokens) from which the fit prices context; batch_sequences: the most
+        sequences a batched call is priced for (0: no batch model)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise BanditSpecValidationError("max_tokens", f"must be an int >= 1, got {max_tokens!r}")
         if not prior_one_token_seconds > 0 or not prior_slope >= 0:
@@ -131,12 +150,18 @@ class CostModel:
         # controller's scalar arithmetic), emptied when either changes
         self._curves: dict[int | None, tuple[np.ndarray, list[float]]] = {}
         self.calibrated = False
+        # Batched calls (module docstring); the batch model's own is None (it prices rows).
+        self.batch: BatchCost | None = BatchCost(self) if batch_sequences > 0 else None
 
     # -- observations ----------------------------------------------------------------
     def observe(self, tokens: int, seconds: float, context: int | None = None) -> None:
         """One verify call fed ``tokens`` new tokens after ``context`` tokens (None:
-        unknown, taken as 0) and took ``seconds``."""
+        unknown, taken as 0) and took ``seconds``. While other sequences are in flight the
+        call was (or waited for) a batched one: its time is the batch model's evidence
+        (:meth:`BatchCost.observe_call`), not a lone round's."""
         if not 1 <= tokens <= self.max_tokens or not seconds > 0:
+            return
+        if self.batch is not None and not self.batch.alone():
             return
         c = max(0, int(context or 0))
         with self._lock:
@@ -212,6 +237,11 @@ class CostModel:
         with self._lock:
             self._current()
 
+    def observed(self) -> bool:
+        """Whether some cell holds enough observations to be fitted (else: the prior)."""
+        with self._lock:
+            return bool(len(self._table)) and bool((self._table[:, 3] >= self._min_obs).any())
+
     def verify_seconds(self, tokens: int, context: int | None = None) -> float:
         return float(self.curve(context)[tokens])
 
@@ -280,7 +310,7 @@ class CostModel:
             per_k = np.bincount(self._table[:, 0].astype(np.int64), weights=self._table[:, 3],
                                 minlength=self.max_tokens + 1)
             observations = [int(n) for n in per_k[1 : self.max_tokens + 1]]
-        return {
+        out = {
             "verify_ms": [round(1e3 * float(c), 3) for c in curve[1:]],
             "relative": [round(float(c / curve[1]), 4) for c in curve[1:]],
             "observations": observations,
@@ -292,6 +322,9 @@ class CostModel:
             "draft_ms": {name: {"per_call": round(1e3 * call, 3), "per_token": round(1e3 * token, 3)}
                          for name, (call, token) in sorted(self.draft_costs().items())},
         }
+        if self.batch is not None and self.batch.gathered():
+            out["batch"] = self.batch.as_dict()
+        return out
 
     @classmethod
     def fixed(cls, relative: Sequence[float], one_token_seconds: float = 0.05) -> "CostModel":
@@ -389,6 +422,140 @@ def _fit_draft_cost(observations) -> tuple[float, float]:
     if a < 0:  # the line through the origin's side: all of it per token
         a, b = 0.0, _median([s / max(1, t) for t, s in observations])
     return a, b
+
+
+@dataclass(frozen=True)
+class BatchLoad:
+    """What the other sequences put into the batched call a request's step joins (a
+    snapshot of recent gathered calls): per step, their number, the rows (tokens) they
+    feed, the tokens they yield, and their rows' mean context."""
+
+    others: float
+    rows: float
+    tokens: float
+    context: float
+
+
+# How fast the load averages follow the gathered calls (per call).
+LOAD_RATE = 0.1
+# Contexts are priced under load in buckets of this many tokens (the batch curve is cached
+# per context; a round's context moves by a few tokens a step).
+LOAD_CONTEXT_BUCKET = 16
+
+
+class BatchCost:
+    """The cost of batched verify calls (module docstring), shared by a server's requests.
+
+    ``observe_call`` takes each call the gatherer sends (engine/gather.py); ``load`` says
+    what the other sequences in flight add to a step, None while the sequence is alone
+    (``bind_active_sequences``: the server's exact count; unbound, a sequence is always
+    alone, as in a process that decodes one request at a time)."""
+
+    def __init__(self, single: CostModel, max_sequences: int = 32):
+        self.single = single
+        self.rows = CostModel(max(1, max_sequences) * single.max_tokens, batch_sequences=0)
+        self._active: Callable[[], int] = lambda: 1
+        self._lock = threading.Lock()
+        self._calls = 0  # calls with at least one continuing sequence
+        # decayed means over those calls: sequences a call; per continuing sequence: rows
+        # fed, tokens yielded, context
+        self._sequences = 0.0
+        self._rows = 0.0
+        self._tokens = 0.0
+        self._context = 0.0
+        self.prefill_calls = 0
+
+    def bind_active_sequences(self, active: Callable[[], int]) -> None:
+        self._active = active
+
+    def alone(self) -> bool:
+        """Whether no other sequence is in flight."""
+        return self._active() <= 1
+
+    def observe_call(self, fed: Sequence[int], contexts: Sequence[int], produced: Sequence[int],
+                     seconds: float, continues: Sequence[bool]) -> None:
+        """One batched call: per sequence, tokens ``fed`` (1 + draft), ``contexts`` (tokens
+        before them), tokens ``produced``, and whether it ``continues`` an earlier step. A
+        first step also prefills its prompt: such a call's time says nothing about rows
+        (left out of the fit), and the first step is no share of the load."""
+        if not fed or not seconds > 0:
+            return
+        steps = [i for i, c in enumerate(continues) if c]
+        with self._lock:
+            if len(steps) < len(fed):
+                self.prefill_calls += 1
+            if steps:
+                self._calls += 1
+                rate = max(LOAD_RATE, 1.0 / self._calls)
+                n = len(steps)
+                self._sequences += rate * (len(fed) - self._sequences)
+                self._rows += rate * (sum(fed[i] for i in steps) / n - self._rows)
+                self._tokens += rate * (sum(produced[i] for i in steps) / n - self._tokens)
+                self._context += rate * (sum(contexts[i] for i in steps) / n - self._context)
+        if len(steps) == len(fed):
+            rows = sum(fed)
+            self.rows.observe(rows, seconds, round(sum(k * c for k, c in zip(fed, contexts)) / rows))
+
+    def gathered(self) -> bool:
+        """Whether a gathered call has been observed."""
+        with self._lock:
+            return self._calls > 0 or self.prefill_calls > 0
+
+    def load(self) -> BatchLoad | None:
+        """What the others add to a step now; None while this sequence is alone or before
+        any gathered call (the single-sequence model decides)."""
+        active = self._active()
+        if active <= 1:
+            return None
+        with self._lock:
+            others = min(float(active), self._sequences) - 1.0
+            if not self._calls or others <= 0.0:
+                return None
+            return BatchLoad(others, others * self._rows, others * self._tokens, self._context)
+
+    def step_seconds(self, context: int | None, load: BatchLoad) -> list[float]:
+        """T(k), k = 0..max_tokens (index 0 unused): seconds of a step feeding k tokens after
+        ``context`` while the others feed ``load`` (module docstring); non-decreasing in k."""
+        own = self.single.curve_list(context)
+        if self.rows.observed():
+            c = 0 if context is None else int(context)
+            call = (load.rows * load.context + c) / (load.rows + 1.0)  # the call's mean context
+            joined = self.rows.curve_list(int(call) // LOAD_CONTEXT_BUCKET * LOAD_CONTEXT_BUCKET)
+            alone = self.rows.curve_list(c // LOAD_CONTEXT_BUCKET * LOAD_CONTEXT_BUCKET)
+        else:  # no call measured yet: rows cost what a lone sequence's tokens do
+            joined = alone = own
+        out = [own[0]]
+        for k in range(1, len(own)):
+            extra = _row_cost(joined, load.rows + k) - _row_cost(alone, float(k))
+            out.append(max(out[-1], own[k] + max(0.0, extra)))
+        return out
+
+    def as_dict(self) -> dict:
+        load = self.load()
+        with self._lock:
+            summary: dict = {"calls": self._calls, "sequences_per_call": round(self._sequences, 3),
+                             "rows_per_sequence": round(self._rows, 3),
+                             "tokens_per_sequence": round(self._tokens, 3), "prefill_calls": self.prefill_calls}
+        if self.rows.observed():
+            fit = self.rows.as_dict()
+            top = max((r for r, n in enumerate(fit["observations"], start=1) if n), default=0)
+            summary["verify_ms_by_rows"] = fit["verify_ms"][:top]
+            summary["observations_by_rows"] = fit["observations"][:top]
+        summary["others_now"] = None if load is None else round(load.others, 3)
+        return summary
+
+
+def _row_cost(curve: list[float], rows: float) -> float:
+    """A curve over rows (index 1..) at fractional ``rows``: interpolated, and beyond its
+    end extended by its last step."""
+    top = len(curve) - 1
+    if rows <= 1.0:
+        return curve[1]
+    if rows >= top:
+        step = curve[top] - curve[top - 1] if top >= 2 else 0.0
+        return curve[top] + step * (rows - top)
+    low = int(rows)
+    return curve[low] + (curve[low + 1] - curve[low]) * (rows - low)
 
 
 CALIBRATION_CONTEXTS = (32, 320)  # cached tokens the target is timed after when it loads

@@ -36,7 +36,19 @@ server's evidence) so that an untried one gets tried.
 
 Memory: a server-wide :class:`SharedAcceptance` (decayed, thread-safe) receives every
 observation and seeds each new request, capped at ``prior_weight`` pseudo-observations
-per position, so that a request starts warm and still adapts to its own evidence.
+per position, so that a request starts warm and still adapts to its own evidence. Its
+counts are kept per sampling regime (:func:`regime_of`: greedy, or sampled in a temperature
+band): greedy verification accepts a drafted token only when it is the target's argmax,
+sampling with probability p(token), so one regime's evidence would misprice the other's
+drafts. A request learns from, and is seeded by, its own regime only.
+
+Under load (other sequences' steps batched with this one's: :class:`~banditspec.bandits.cost_model.BatchCost`)
+a round's cost is the batched step's, T(1 + gamma), and the choice maximises the step's
+goodput (E_o + E) / T, E_o the tokens the other sequences yield: a request pays for what
+its rows add to everyone's step. When the step is compute-bound (T grows with every row)
+a drafted token pays only if it is accepted more often than the step's tokens per row,
+so a saturated server drafts less and less, down to plain decoding. Alone, the choice is
+the single-sequence one above, unchanged.
 
 Decisions are a deterministic function of (statistics, cost-model snapshot): no RNG.
 """
@@ -49,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from banditspec.bandits.cost_model import CostModel
+from banditspec.bandits.cost_model import BatchLoad, CostModel
 
 PLAIN = None  # the choice "no drafter, gamma 0"
 MATCH_BUCKETS = 4  # match length 0 (unknown), 1, 2, >= 3
@@ -85,6 +97,23 @@ HINT_WEIGHT = 5.0
 # Below this a hint says the pull would (almost) surely miss: the drafter is not offered (a
 # session that cannot draft at all says 0.0). On the held-out positions: 14 % of them, hits 3.5 %.
 HINT_FLOOR = 0.03
+
+
+# Sampling regimes (SharedAcceptance's keys): greedy, and sampled in temperature bands with
+# these upper edges (the last band is open).
+GREEDY = "greedy"
+TEMPERATURE_BANDS = (0.5, 0.9)
+
+
+def regime_of(temperature: float) -> str:
+    """The sampling regime of a request at ``temperature``: "greedy" (0), else the band,
+    e.g. "t<=0.5", "t<=0.9", "t>0.9"."""
+    if not temperature > 0.0:
+        return GREEDY
+    for edge in TEMPERATURE_BANDS:
+        if temperature <= edge:
+            return f"t<={edge:g}"
+    return f"t>{TEMPERATURE_BANDS[-1]:g}"
 
 
 def hint_level(hint: float) -> int:
@@ -140,13 +169,14 @@ class HazardCounts:
 
 
 class SharedAcceptance:
-    """Server-wide acceptance counts per drafter (bounded: drafters x buckets x L floats),
-    decayed by ``decay`` per observation, thread-safe."""
+    """Server-wide acceptance counts per (drafter, sampling regime) (bounded: drafters x
+    regimes x buckets x L floats), decayed by ``decay`` per observation of the same key,
+    thread-safe."""
 
     def __init__(self, max_len: int, decay: float = 0.998):
         self.max_len = max_len
         self.decay = decay
-        self._counts: dict[str, HazardCounts] = {}
+        self._counts: dict[tuple[str, str], HazardCounts] = {}
         self._lock = threading.Lock()
         self._rate_tokens = 0.0  # decayed expected tokens and seconds of every request's rounds
         self._rate_seconds = 0.0
@@ -162,26 +192,33 @@ class SharedAcceptance:
         with self._lock:
             return self._rate_tokens / self._rate_seconds if self._rate_seconds > 0 else None
 
-    def record(self, drafter: str, bucket: int, proposed: int, accepted: int, known: int, already: int = 0) -> None:
+    def record(self, drafter: str, bucket: int, proposed: int, accepted: int, known: int, already: int = 0,
+               regime: str = GREEDY) -> None:
         with self._lock:
-            counts = self._counts.get(drafter)
+            counts = self._counts.get((drafter, regime))
             if counts is None:
-                counts = self._counts[drafter] = HazardCounts(self.max_len)
+                counts = self._counts[(drafter, regime)] = HazardCounts(self.max_len)
             counts.record(bucket, proposed, accepted, known, self.decay, already)
 
-    def snapshot(self, drafter: str) -> HazardCounts | None:
+    def snapshot(self, drafter: str, regime: str = GREEDY) -> HazardCounts | None:
         with self._lock:
-            counts = self._counts.get(drafter)
+            counts = self._counts.get((drafter, regime))
             return None if counts is None else counts.copy()
 
-    def as_dict(self) -> dict:
+    def regimes(self) -> list[str]:
+        """The regimes with counts, sorted."""
+        with self._lock:
+            return sorted({regime for _, regime in self._counts})
+
+    def as_dict(self, regime: str = GREEDY) -> dict:
+        """{drafter: offered and acceptance rate per position} in ``regime``."""
         with self._lock:
             return {
                 name: {
                     "offered": np.round(c.offered.sum(axis=0), 2).tolist(),
                     "accept_rate": np.round(c.accepted.sum(axis=0) / np.maximum(c.offered.sum(axis=0), 1e-9), 3).tolist(),
                 }
-                for name, c in self._counts.items()
+                for (name, key), c in self._counts.items() if key == regime
             }
 
 
@@ -226,7 +263,10 @@ class CostAwarePolicy:
         prior_weight: float = 5.0,
         optimism: float = 0.5,
         objective: str = "ratio",
+        regime: str = GREEDY,
     ):
+        """regime: the request's sampling regime (:func:`regime_of`), the server's counts it
+        reads and adds to."""
         if max_len < 1:
             raise ValueError("max_len must be >= 1")
         if objective not in OBJECTIVES:
@@ -241,6 +281,11 @@ class CostAwarePolicy:
         self.max_len = max_len
         self.cost_model = cost_model
         self.shared = shared
+        self.regime = regime
+        # the load the round's step joins (price_load), and the batched step's costs by
+        # context under it
+        self._load: BatchLoad | None = None
+        self._loaded: dict[int | None, list[float]] = {}
         self._a0, self._b0 = prior_accept, prior_reject
         self._optimism = optimism
         self.local = {d: HazardCounts(max_len) for d in drafters}
@@ -248,7 +293,7 @@ class CostAwarePolicy:
         self.prior: dict[str, HazardCounts] = {}
         self.evidence: dict[str, np.ndarray] = {}  # uncapped server counts: how sure the server is
         for d in drafters:
-            snap = shared.snapshot(d) if shared is not None else None
+            snap = shared.snapshot(d, regime) if shared is not None else None
             if snap is None:
                 continue
             width = min(max_len, snap.max_len)
@@ -265,6 +310,27 @@ class CostAwarePolicy:
         self._hazard_lists: dict[str, dict[int, list[float]]] = {}
 
     # -- estimates -------------------------------------------------------------------
+    def price_load(self, load: BatchLoad | None) -> None:
+        """Price the coming round's choices under ``load`` (None: alone); one snapshot for
+        the whole round, so its choices compare like with like."""
+        if load != self._load:
+            self._load = load
+            self._loaded = {}
+
+    def _costs(self, context: int | None) -> tuple[list[float], float, bool]:
+        """(seconds per round by tokens fed, index 1.., tokens the others' rows yield,
+        under load?) at ``context``."""
+        load = self._load
+        batch = self.cost_model.batch
+        if load is None or batch is None:
+            return self.cost_model.curve_list(context), 0.0, False
+        seconds = self._loaded.get(context)
+        if seconds is None:
+            if len(self._loaded) >= 16:
+                self._loaded = {}
+            seconds = self._loaded[context] = batch.step_seconds(context, load)
+        return seconds, load.tokens, True
+
     def _hazard(self, drafter: str, bucket: int | slice) -> np.ndarray:
         """P(token j accepted | 1..j-1 accepted) from this request's and the prior's counts,
         [L] for one bucket ([buckets, L] for a slice)."""
@@ -350,13 +416,14 @@ class CostAwarePolicy:
         handful of candidates of at most L lengths each: numpy's per-call overhead was most
         of its cost); the same IEEE operations in the same order as :meth:`survival` and
         the cost curve plus a costly drafter's drafting, so the choice is the one they give."""
-        seconds = self.cost_model.curve_list(context)
+        seconds, others, loaded = self._costs(context)
         cap = max(0, min(gamma_cap, self.max_len, len(seconds) - 2))
-        rate = self.rate(seconds[1]) if self.objective == "rate" else None
+        # under load both objectives are the step's goodput (module docstring)
+        rate = self.rate(seconds[1]) if self.objective == "rate" and not loaded else None
         if start is not None:
             best = start
         else:
-            plain = 1.0 - rate * seconds[1] if rate is not None else 1.0 / seconds[1]
+            plain = 1.0 - rate * seconds[1] if rate is not None else (others + 1.0) / seconds[1]
             best = Choice(PLAIN, 0, 1.0, 1.0 / seconds[1], seconds[1], plain)
             priced = 0
         for candidate in candidates[priced:] if priced else candidates:
@@ -375,7 +442,7 @@ class CostAwarePolicy:
                 survival *= hazard[gamma - 1]
                 expected += survival
                 cost = seconds[gamma + 1] + per_call + per_token * gamma
-                value = expected - rate * cost if rate is not None else expected / cost
+                value = expected - rate * cost if rate is not None else (others + expected) / cost
                 if value > top_value:  # the shortest of equally good lengths
                     top_value, top_gamma, top_expected, top_seconds = value, gamma, expected, cost
             if top_value > best.value + 1e-9 * abs(best.value):
@@ -389,7 +456,7 @@ class CostAwarePolicy:
         context among ``buckets`` (the most favourable one): when even that cannot beat the
         round's best choice, there is no point in asking the drafter (a preview costs a head
         call, a REST lookup several times a PLD one)."""
-        seconds = self.cost_model.curve_list(context)
+        seconds, others, loaded = self._costs(context)
         top = max(0, min(candidate.max_gamma, gamma_cap, self.max_len, len(seconds) - 2))
         counts = self.local.get(candidate.drafter)
         if top <= 0 or counts is None:
@@ -404,7 +471,7 @@ class CostAwarePolicy:
         # arrays was most of the cost) in cumprod's / cumsum's order.
         per_call, per_token = candidate.draft_seconds_per_call, candidate.draft_seconds_per_token
         costs = [seconds[gamma + 1] + per_call + per_token * gamma for gamma in range(1, top + 1)]
-        rate = self.rate(seconds[1]) if self.objective == "rate" else None
+        rate = self.rate(seconds[1]) if self.objective == "rate" and not loaded else None
         top_value = -math.inf
         for hazard in self._hazard(candidate.drafter, buckets)[:, :top].tolist():  # [buckets][top]
             survival = min(1.0, hazard[0] + bonus)
@@ -414,7 +481,7 @@ class CostAwarePolicy:
                     survival *= hazard[gamma - 1]
                 total += survival
                 cost = costs[gamma - 1]
-                value = (1.0 + total) - rate * cost if rate is not None else (1.0 + total) / cost
+                value = (1.0 + total) - rate * cost if rate is not None else (others + 1.0 + total) / cost
                 if value > top_value:
                     top_value = value
         return float(top_value)
@@ -439,5 +506,5 @@ class CostAwarePolicy:
         if done > already:
             self._hazard_lists.get(drafter, {}).pop(bucket, None)  # the request's counts change only there
         if self.shared is not None and done > already:
-            self.shared.record(drafter, bucket, proposed, accepted, known, already)
+            self.shared.record(drafter, bucket, proposed, accepted, known, already, self.regime)
         return done

@@ -20,7 +20,7 @@ import numpy as np
 
 from banditspec.bandits.base import Policy
 from banditspec.bandits.cost_model import CostModel
-from banditspec.bandits.costaware import CostAwarePolicy, SharedAcceptance
+from banditspec.bandits.costaware import CostAwarePolicy, SharedAcceptance, regime_of
 from banditspec.bandits.exp3spec import EXP3Spec
 from banditspec.bandits.fixed import FixedArmPolicy, UniformPolicy
 from banditspec.bandits.ucbspec import UCBSpec
@@ -103,13 +103,15 @@ def build_policy(
     cost_model: CostModel,
     shared_acceptance: SharedAcceptance,
     costaware_objective: str = "ratio",
+    temperature: float = 0.0,
 ) -> Policy | CostAwarePolicy:
     """A fresh policy for one request: a :class:`CostAwarePolicy` for costaware (it chooses
     a drafter and gamma; ``costaware_objective``: see its module), else an index bandit over
-    ``resolved.arms``."""
+    ``resolved.arms``; ``temperature``: the request's, whose sampling regime costaware's
+    server-wide statistics are kept in."""
     if resolved.kind == COSTAWARE:
         return CostAwarePolicy([a.drafter for a in resolved.arms], max_draft_len, cost_model, shared_acceptance,
-                               objective=costaware_objective)
+                               objective=costaware_objective, regime=regime_of(temperature))
     if resolved.kind == VANILLA:
         return VanillaPolicy()
     if resolved.kind == FIXED:

@@ -16,6 +16,12 @@ drafting, and only for them:
   for the busy call's members instead ran slower than the batcher's delay at 8 streams;
   experiments/ab_verify_gather.sh compares the paths).
 
+Each group's call is timed and reported, with its rows, to the batch cost model
+(:class:`~banditspec.bandits.cost_model.BatchCost`, ``report_to``): what a call of R rows
+costs, and what the other sequences put into a step, is what the controller prices a
+request's draft by under load. A sequence's first step also prefills its prompt; the
+gatherer tells it from a continuation by remembering what each sequence sends next.
+
 The group goes out through ``inner.verify`` (e.g. :class:`~banditspec.engine.tensor_codec.TensorEngine`
 with ``max_rows`` > 1: one request of N rows). If that call fails, each member is retried
 alone, so that a request the target refuses fails only its own sequence.
@@ -23,11 +29,30 @@ alone, so that a request the target refuses fails only its own sequence.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import Callable, Sequence
+from collections import OrderedDict
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
 
 from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
+
+log = logging.getLogger(__name__)
+
+
+class CallObserver(Protocol):
+    def observe_call(self, fed: Sequence[int], contexts: Sequence[int], produced: Sequence[int],
+                     seconds: float, continues: Sequence[bool]) -> None: ...
+
+
+# Sequences whose next step the gatherer remembers (a continuation's key; bounded).
+REMEMBERED_SEQUENCES = 4096
+
+
+def _key(ids: np.ndarray) -> int:
+    return hash(np.ascontiguousarray(ids, dtype=np.int32).tobytes())
 
 
 class _Slot:
@@ -69,6 +94,12 @@ class VerifyGatherer:
         self._first_wait = 0.0  # when the oldest waiting step arrived
         self.calls = 0  # gathered calls sent
         self.rows = 0  # sequences they carried
+        self._observer: CallObserver | None = None
+        self._expected: OrderedDict[int, None] = OrderedDict()  # keys of the steps sequences will send next
+
+    def report_to(self, observer: CallObserver) -> None:
+        """Report every call sent to ``observer`` (the batch cost model)."""
+        self._observer = observer
 
     def bind_active_sequences(self, active: Callable[[], int]) -> None:
         """Count the sequences in flight with ``active`` (the controller's exact count)."""
@@ -117,10 +148,30 @@ class VerifyGatherer:
             self._cond.wait(due - now)
         return None
 
+    def _report(self, group: list[_Slot], seconds: float) -> None:
+        """The call's rows to the observer; remembers what each sequence sends next."""
+        fed, contexts, produced, continues = [], [], [], []
+        with self._cond:
+            for s in group:
+                ids = np.asarray(s.request.input_ids).reshape(-1)
+                output = np.asarray(s.result.output_ids if s.result is not None else (), dtype=np.int32).reshape(-1)
+                fed.append(1 + int(np.asarray(s.request.draft_ids).size))
+                contexts.append(len(ids))
+                produced.append(int(output.size))
+                continues.append(self._expected.pop(_key(ids), 0) is None)
+                self._expected[_key(np.concatenate([ids.astype(np.int32), output]))] = None
+            while len(self._expected) > REMEMBERED_SEQUENCES:
+                self._expected.popitem(last=False)
+        assert self._observer is not None
+        self._observer.observe_call(fed, contexts, produced, seconds, continues)
+
     def _send(self, group: list[_Slot]) -> None:
+        timed: float | None = None  # the group's call, when it went through as one
         try:
             try:
+                began = self._clock()
                 results = self.inner.verify([s.request for s in group])
+                timed = self._clock() - began
                 for s, r in zip(group, results):
                     s.result = r
             except Exception as exc:
@@ -145,3 +196,8 @@ class VerifyGatherer:
                     s.done = True
                 self._in_flight -= 1
                 self._cond.notify_all()
+        if timed is not None and self._observer is not None:
+            try:
+                self._report(group, timed)
+            except Exception:  # the statistics' fault is no request's: they were answered
+                log.exception("reporting a gathered call to the cost model failed")

@@ -1,5 +1,6 @@
-"""``banditspec bench-concurrency``: throughput and latency against concurrent streams.
+"""``banditspec bench-load``: the server under closed-loop load, through Triton's streaming
+gRPC and the OpenAI API.
 
-:mod:`.command` (the command), :mod:`.load` (closed-loop streams, server-side counters),
-:mod:`.summary` (per level summaries, the Markdown tables and the figure).
+:mod:`.command` (the command: server, sweep, report), :mod:`.load` (the asyncio load
+generator and per-block statistics), :mod:`.summary` (results.md and the figures).
 """

@@ -1,218 +1,352 @@
-"""``banditspec bench-concurrency``: throughput and latency against the number of
-concurrent streams, fixed speculation lengths against the server-wide controller
-(the paper's Figure 3 setting, on a real tritonserver).
+"""``banditspec bench-load``: the server under closed-loop load, as users would load it.
 
-One server holds the ``target`` and two copies of the controller model: ``banditspec``
-(``gamma_controller=off``) serves the fixed settings, gamma = k meaning every request uses
-one drafter arm ``fixed:<drafter>@k`` (k = 0: ``vanilla``); ``banditspec_ucb``
-(``gamma_controller=ucb``) serves the adaptive setting, every request asking for
-``<drafter>@L`` under the cap the controller learns. Every prompt is first run once, so
-that the target's prefix cache holds it (prefill costs the same under every setting; left
-in, it only adds noise). At each concurrency every setting then runs the same closed loop
-(warm-up, then a measured window), one after the other.
+It starts a tritonserver (the model repository's defaults unless ``--server-param``
+says otherwise) and the OpenAI API in front of it (its own process), then sweeps the
+number of concurrent closed-loop streams (default 1, 2, 4, 8, 16, 32) through Triton's
+streaming gRPC and through the OpenAI API. At each level every method runs the same
+prompts, ``--requests-per-stream`` requests a stream; the methods take turns, the order
+rotated level by level, so that drift on the machine hits them alike. The generator is
+this process's one asyncio loop (:mod:`~banditspec_client.bench.concurrency.load`); its
+CPU share is reported.
+
+Methods (``--methods``): ``vanilla`` (plain decoding), ``default`` (whatever the server
+does for a request that names no policy), ``<drafter>@<gamma>`` (one fixed arm, e.g.
+``pld@4``), or a policy name (``costaware``, ``ucbspec``, ...).
+
+Before the sweep every prompt is sent once (one token, plain decoding) so that the
+target's prefix cache (sized to hold them all) holds every prompt for every method alike,
+and every method sends one short request through each transport (its code paths loaded).
+
+Outputs in ``--out``: results.json (every block's summary and settings), results.md and
+load-<transport>.png. Failed requests (e.g. refused by a full server) are counted per
+block, never fatal; greedy outputs that differ from plain decoding's on the same prompt
+are counted too.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import platform
-import re
 import shlex
-import shutil
 import signal
+import socket
+import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from banditspec_client.bench.concurrency.load import (TRANSPORTS, BlockResult, Client, OpenAIStreamClient,
+                                                       TritonStreamClient, run_block)
 from banditspec_client.triton_client import GenerationOptions
 
-ADAPTIVE_MODEL = "banditspec_ucb"
-DEFAULT_OUT = Path("docs/benchmarks/concurrency.json")
+DEFAULT_OUT = Path("docs/benchmarks/concurrency")
+DEFAULT_METHODS = "vanilla,pld@4,suffix@4,copy@4,eagle@4,default"
+ADAPTIVE = ("costaware", "ucbspec", "exp3spec")
+FIXED = ("pld", "suffix", "rest", "eagle", "copy")
 
 
 @dataclass(frozen=True)
-class Setting:
-    label: str  # "gamma=2", "adaptive"
-    model_name: str
-    policy: str
-    gamma: int | None  # None: adaptive
+class LoadMethod:
+    name: str
+    policy: str | None  # None: the server's default
 
 
-def settings_for(gammas: list[int], drafter: str, max_gamma: int, adaptive: bool) -> list[Setting]:
-    out = [
-        Setting(f"gamma={g}", "banditspec", "vanilla" if g == 0 else f"fixed:{drafter}@{g}", g) for g in gammas
-    ]
-    if adaptive:
-        out.append(Setting("adaptive", ADAPTIVE_MODEL, f"fixed:{drafter}@{max_gamma}", None))
+def parse_methods(text: str) -> list[LoadMethod]:
+    out: list[LoadMethod] = []
+    for name in (t.strip() for t in text.split(",")):
+        if not name:
+            continue
+        if name == "vanilla":
+            out.append(LoadMethod(name, "vanilla"))
+        elif name == "default":
+            out.append(LoadMethod(name, None))
+        elif name in ADAPTIVE:
+            out.append(LoadMethod(name, name))
+        elif name.partition("@")[0] in FIXED and (not name.partition("@")[1] or name.partition("@")[2].isdigit()):
+            out.append(LoadMethod(name, f"fixed:{name}"))
+        else:
+            raise SystemExit(f"--methods: unknown method {name!r} (vanilla, default, <drafter>@<gamma> with drafter "
+                             f"in {', '.join(FIXED)}, or one of {', '.join(ADAPTIVE)})")
+    if not out or len({m.name for m in out}) != len(out):
+        raise SystemExit("--methods: give at least one method, each once")
     return out
 
 
-def prepare_repository(out: Path, queue_delay_us: int | None = None) -> Path:
-    """A copy of the model repository plus ``banditspec_ucb``, a second controller model;
-    ``queue_delay_us`` replaces the target's dynamic-batching queue delay."""
-    from banditspec_client.serve import SOURCE_REPOSITORY
+def read_prompts_file(path: Path) -> list[str]:
+    """Prompts from a file: JSON lines (each an object with "text", "prompt" or "content",
+    or a string), or plain text, one prompt a line."""
+    prompts: list[str] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        if path.suffix in (".jsonl", ".json"):
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"--prompts-file {path}:{number}: not JSON ({exc.msg})") from None
+            text = item if isinstance(item, str) else next(
+                (item[k] for k in ("text", "prompt", "content") if isinstance(item, dict) and isinstance(item.get(k), str)),
+                None)
+            if text is None:
+                raise SystemExit(f"--prompts-file {path}:{number}: expected a string or an object with \"text\"")
+            prompts.append(text)
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise SystemExit(f"--prompts-file {path}: no prompt in it")
+    return prompts
 
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    for model_dir in sorted(p for p in SOURCE_REPOSITORY.iterdir() if (p / "config.pbtxt").exists()):
-        shutil.copytree(model_dir, out / model_dir.name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(out / "banditspec", out / ADAPTIVE_MODEL)
-    config = out / ADAPTIVE_MODEL / "config.pbtxt"
-    text, count = re.subn(r'^name:\s*"banditspec"', f'name: "{ADAPTIVE_MODEL}"', config.read_text(), count=1, flags=re.M)
-    if count != 1:
-        raise RuntimeError(f"{config}: no name line to rename")
-    config.write_text(text)
-    if queue_delay_us is not None:
-        target = out / "target" / "config.pbtxt"
-        text, count = re.subn(r"max_queue_delay_microseconds:\s*\d+", f"max_queue_delay_microseconds: {int(queue_delay_us)}", target.read_text())
-        if count != 1:
-            raise RuntimeError(f"{target}: no max_queue_delay_microseconds to replace")
-        target.write_text(text)
-    return out
+
+def rotated(methods: list[LoadMethod], index: int) -> list[LoadMethod]:
+    k = index % len(methods)
+    return methods[k:] + methods[:k]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _ints(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SystemExit(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def _params(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--server-param: expected KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="concurrent streams per level")
-    parser.add_argument("--gammas", default="0,1,2,3,4", help="fixed speculation lengths to compare")
-    parser.add_argument("--no-adaptive", action="store_true", help="fixed settings only")
-    parser.add_argument("--drafter", default="pld", help="the one drafter every setting uses")
-    parser.add_argument("--max-draft-len", type=int, default=4, help="L: the adaptive controller's largest gamma")
-    parser.add_argument("--workload", default="code-edit", help="prompt set (banditspec_client.bench.workloads)")
-    parser.add_argument("--prompts", type=int, default=64, help="distinct prompts, cycled by the streams")
-    parser.add_argument("--max-prompt-chars", type=int, default=650,
-                        help="keep prompts up to this long (short prompts keep prefill from dominating)")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--warmup-s", type=float, default=8.0, help="closed loop before the measured window")
-    parser.add_argument("--warmup-per-stream-s", type=float, default=0.25,
-                        help="extra warm-up per stream (the first prompts of all streams are prefilled at once)")
-    parser.add_argument("--measure-s", type=float, default=20.0, help="measured window per setting and level")
-    parser.add_argument("--cache-entries", type=int, default=None,
-                        help="the target's prefix-cache entries (default: 2 x the largest concurrency + the prompts; "
-                             "fewer than the sequences in flight thrash)")
-    parser.add_argument("--queue-delay-us", type=int, default=None,
-                        help="override the target's dynamic-batching max_queue_delay_microseconds in the bench's copy")
+    parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="concurrent closed-loop streams per level")
+    parser.add_argument("--methods", default=DEFAULT_METHODS,
+                        help="vanilla, default, <drafter>@<gamma> (a fixed arm) or a policy name; interleaved")
+    parser.add_argument("--transports", default="triton,openai", help="triton (streaming gRPC) and/or openai")
+    parser.add_argument("--workload", default="mixed", help="prompt set (banditspec_client.bench.workloads)")
+    parser.add_argument("--prompts-file", type=Path, default=None,
+                        help="prompts from a file (JSON lines with \"text\", or one prompt a line) instead of --workload")
+    parser.add_argument("--prompts", type=int, default=24, help="distinct prompts, cycled by the streams")
+    parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    parser.add_argument("--requests-per-stream", type=int, default=2, help="requests each stream sends per level (>= 2)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (outputs are checked against plain)")
+    parser.add_argument("--seed", type=int, default=None, help="the requests' seed when sampling")
+    parser.add_argument("--server-param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a banditspec model parameter for this run (e.g. gamma_controller=ucb); repeatable")
+    parser.add_argument("--torch-threads", type=int, default=None, help="the target's torch threads (default: the server's)")
     parser.add_argument("--bls-threads", type=int, default=None,
-                        help="the Python backend's thread-pool-size, which serves BLS calls "
-                             "(default: 2 x the largest concurrency + 8; Triton's own default is 32)")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="the target's torch threads (on a shared 2-core machine more threads oversubscribe)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON (plot and table next to it)")
+                        help="the Python backend's thread-pool-size (default: 2 x the largest concurrency + 8)")
+    parser.add_argument("--request-timeout-s", type=float, default=600.0)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for results.json, results.md, PNGs")
     parser.add_argument("--log-file", type=Path, default=None, help="server log (default: in the cache folder)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_openai(grpc_url: str, model: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """The OpenAI API in its own process (its CPU is the server's, not the generator's)."""
+    port = _free_port()
+    with open(log, "ab") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "banditspec_client.cli", "openai", "--triton-url", grpc_url, "--port", str(port),
+             "--model", model], stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the OpenAI API exited ({process.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as answer:
+                if answer.status == 200:
+                    return process, url
+        except OSError:
+            time.sleep(0.5)
+    process.terminate()
+    raise SystemExit(f"the OpenAI API did not answer within 120 s; see {log}")
+
+
+def mark_mismatches(blocks: list[BlockResult], temperature: float) -> dict[int, int]:
+    """Per block (by index): greedy outputs that differ from plain decoding's on the same
+    prompt, at the same level through the same transport (None when sampling or no plain
+    output to compare with)."""
+    if temperature > 0:
+        return {}
+    plain: dict[tuple[str, int, int], str] = {}
+    for block in blocks:
+        if block.method == "vanilla":
+            for o in block.outcomes:
+                if o.ok:
+                    plain.setdefault((block.transport, block.concurrency, o.prompt_index), o.text)
+    out = {}
+    for i, block in enumerate(blocks):
+        keys = [((block.transport, block.concurrency, o.prompt_index), o.text) for o in block.outcomes if o.ok]
+        compared = [(k, t) for k, t in keys if k in plain]
+        if compared:
+            out[i] = sum(plain[k] != t for k, t in compared)
+    return out
 
 
 def run(args) -> int:
     from banditspec.paths import cache_dir
-    from banditspec_client.bench.concurrency.load import run_closed_loop
     from banditspec_client.bench.concurrency.summary import write_report
-    from banditspec_client.serve import TritonServer
     from banditspec_client.bench.workloads import load_workload
+    from banditspec_client.serve import TritonServer
 
-    levels, gammas = _ints(args.concurrency), _ints(args.gammas)
-    if not levels or min(levels) < 1 or any(g < 0 or g > args.max_draft_len for g in gammas) or 0 not in gammas:
-        raise SystemExit("--concurrency must be >= 1 and --gammas must include 0 and lie in 0..--max-draft-len")
-    prompts = [p.text for p in load_workload(args.workload) if len(p.text) <= args.max_prompt_chars][: args.prompts]
-    if not prompts:
-        raise SystemExit(f"no {args.workload} prompt is at most {args.max_prompt_chars} characters long")
-    settings = settings_for(gammas, args.drafter, args.max_draft_len, not args.no_adaptive)
-    common = {
-        "target_model": args.model,
-        "drafters": args.drafter,
-        # headroom: a closed-loop stream may send its next request a moment before the server
-        # releases the slot of the one it just finished
-        "max_concurrent_sequences": str(max(levels) + 4),
-        "default_max_draft_len": str(args.max_draft_len),
+    levels = _ints(args.concurrency)
+    methods = parse_methods(args.methods)
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    if not transports or any(t not in TRANSPORTS for t in transports):
+        raise SystemExit(f"--transports: choose from {', '.join(TRANSPORTS)}")
+    if args.requests_per_stream < 2:
+        raise SystemExit("--requests-per-stream must be >= 2 (a stream's first request starts with the others)")
+    if args.prompts < 1 or args.max_tokens < 1:
+        raise SystemExit("--prompts and --max-tokens must be >= 1")
+    if args.prompts_file is not None:
+        prompts = read_prompts_file(args.prompts_file)[: args.prompts]
+        source = str(args.prompts_file)
+    else:
+        prompts = [p.text for p in load_workload(args.workload, args.prompts)]
+        source = f"workload {args.workload}, its first {len(prompts)}"
+    server_params = _params(args.server_param)
+    overrides: dict[str, dict[str, str]] = {
+        "target": {"cache_entries": str(2 * max(levels) + len(prompts))},
+        "banditspec": dict(server_params),
     }
-    overrides = {
-        "target": {"torch_threads": str(args.torch_threads), "cache_entries": str(args.cache_entries or 2 * max(levels) + len(prompts))},
-        "banditspec": {**common, "gamma_controller": "off"},
-        ADAPTIVE_MODEL: {**common, "gamma_controller": "ucb", "gamma_controller_max": str(args.max_draft_len)},
+    if args.torch_threads is not None:
+        overrides["target"]["torch_threads"] = str(args.torch_threads)
+    log = args.log_file or cache_dir() / "bench-load-tritonserver.log"
+    server = TritonServer(model=args.model, http_port=0, grpc_port=0, metrics_port=0, overrides=overrides, log_path=log,
+                          extra_args=(f"--backend-config=python,thread-pool-size={args.bls_threads or 2 * max(levels) + 8}",))
+    opts_for = {m.name: GenerationOptions(max_tokens=args.max_tokens, stream=True, policy=m.policy,
+                                          temperature=args.temperature if args.temperature > 0 else None,
+                                          seed=args.seed) for m in methods}
+    settings = {
+        "concurrency": levels, "methods": [m.name for m in methods], "transports": transports,
+        "prompts": len(prompts), "prompt_source": source, "max_tokens": args.max_tokens,
+        "requests_per_stream": args.requests_per_stream, "temperature": args.temperature, "seed": args.seed,
+        "max_draft_len": server_params.get("default_max_draft_len", _repository_default("default_max_draft_len")),
+        "torch_threads": args.torch_threads if args.torch_threads is not None else
+        f"{_repository_default('torch_threads', 'target')} (the repository's default; 0: torch's own choice)",
+        "server_params": server_params, "model": args.model,
     }
-    source = prepare_repository(cache_dir() / "triton" / "bench-concurrency-repository", args.queue_delay_us)
-    log = args.log_file or cache_dir() / "bench-concurrency-tritonserver.log"
-    server = TritonServer(
-        model=args.model, http_port=0, grpc_port=0, metrics_port=0,
-        overrides=overrides, log_path=log, source=source,
-        extra_args=(f"--backend-config=python,thread-pool-size={args.bls_threads or 2 * max(levels) + 8}",),
-    )
-    report = {
-        "command": "banditspec bench-concurrency " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": _cpus()},
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "rows": [],
+    report: dict = {
+        "command": "banditspec bench-load " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+        "machine": {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count() or 0, "platform": platform.platform()},
+        "settings": settings, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": [],
     }
     print(f"starting tritonserver ({args.model}) ...", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # leave through `with server`: no orphaned server
-    with server:
-        for setting in settings:  # load the models' code paths once before measuring
-            opts = GenerationOptions(max_tokens=8, policy=setting.policy, max_draft_len=args.max_draft_len)
-            run_closed_loop(grpc_url=server.grpc_url, metrics_port=server.metrics_port, model_name=setting.model_name,
-                            prompts=prompts[:1], concurrency=1, opts=opts, warmup_s=0.0, measure_s=2.0)
-        prefill_prompts(server.grpc_url, prompts)
-        for level in levels:
-            for setting in settings:
-                opts = GenerationOptions(max_tokens=args.max_tokens, policy=setting.policy, max_draft_len=args.max_draft_len)
-                result = run_closed_loop(
-                    grpc_url=server.grpc_url, metrics_port=server.metrics_port, model_name=setting.model_name, prompts=prompts,
-                    concurrency=level, opts=opts, warmup_s=args.warmup_s + args.warmup_per_stream_s * level,
-                    measure_s=args.measure_s,
-                )
-                row = {
-                    "concurrency": level,
-                    "setting": setting.label,
-                    "gamma": setting.gamma,
-                    "tokens_per_second": round(result.tokens_per_second, 3),
-                    "window_s": round(result.window_seconds, 2),
-                    "window_tokens": result.window_tokens,
-                    "mean_batch": round(result.mean_batch, 3),
-                    "cache_evictions": result.evictions,
-                    "mean_drafted_per_step": round(result.mean_drafted(), 3),
-                    "latency": result.latency(),
-                    "errors": result.errors[:5],
-                }
-                report["rows"].append(row)
-                print(
-                    f"c={level:>2} {setting.label:>9}: {row['tokens_per_second']:7.2f} tok/s  "
-                    f"batch {row['mean_batch']:5.2f}  evictions {result.evictions:.0f}  drafted/step {row['mean_drafted_per_step']:.2f}  "
-                    f"latency {row['latency'].get('mean_s', float('nan'))} s ({row['latency'].get('requests', 0)} req)"
-                    + (f"  errors {len(result.errors)}" if result.errors else ""),
-                    flush=True,
-                )
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(report, indent=1))
+    openai_process = None
+    blocks: list[BlockResult] = []
+    try:
+        with server:
+            urls = {"triton": server.grpc_url}
+            if "openai" in transports:
+                openai_process, urls["openai"] = start_openai(server.grpc_url, args.model,
+                                                              cache_dir() / "bench-load-openai.log")
+            blocks = asyncio.run(_sweep(args, levels, methods, transports, prompts, urls, opts_for))
+    finally:
+        if openai_process is not None:
+            openai_process.terminate()
+            openai_process.wait(30)
+    mismatches = mark_mismatches(blocks, args.temperature)
+    for i, block in enumerate(blocks):
+        row = block.summary()
+        row["mismatches"] = mismatches.get(i)
+        report["rows"].append(row)
+    shares = [r["generator_cpu_share"] for r in report["rows"]]
+    report["generator"] = {"mean_cpu_share": sum(shares) / len(shares) if shares else 0.0,
+                           "max_cpu_share": max(shares, default=0.0)}
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    args.out.write_text(json.dumps(report, indent=1))
-    for path in write_report(report, args.out):
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(report, indent=1))
+    for path in [args.out / "results.json", *write_report(report, args.out)]:
         print(f"wrote {path}", file=sys.stderr)
+    failed = sum(r["failed"] for r in report["rows"])
+    differing = sum(r["mismatches"] or 0 for r in report["rows"])
+    print(f"{sum(r['requests'] for r in report['rows'])} requests, {failed} failed, {differing} outputs differ from "
+          f"plain decoding's", file=sys.stderr)
     return 0
 
 
-def prefill_prompts(grpc_url: str, prompts: list[str]) -> None:
-    """Run every prompt once (one token each), so that the target's prefix cache holds them:
-    every setting then starts from the same cache, and the sweep measures decoding, where
-    the settings differ (a prompt's prefill costs the same under every gamma)."""
-    from banditspec_client.triton_client import generate_grpc
+async def _sweep(args, levels, methods, transports, prompts, urls, opts_for) -> list[BlockResult]:
+    from tqdm import tqdm
 
-    print(f"prefilling {len(prompts)} prompts ...", file=sys.stderr, flush=True)
-    for prompt in prompts:
-        generate_grpc(grpc_url, prompt, GenerationOptions(max_tokens=1, policy="vanilla"))
+    clients: dict[str, Client] = {}
+    for transport in transports:
+        clients[transport] = TritonStreamClient(urls["triton"]) if transport == "triton" else OpenAIStreamClient(urls["openai"])
+        await clients[transport].start()
+    blocks: list[BlockResult] = []
+    try:
+        print(f"warming up: {len(prompts)} prompts into the prefix cache, one request per method ...",
+              file=sys.stderr, flush=True)
+        warm = GenerationOptions(max_tokens=1, stream=True, policy="vanilla")
+        indices = list(range(len(prompts)))
+        await run_block(clients[transports[0]], transport=transports[0], method="warm-up", prompts=prompts,
+                        prompt_indices=indices, concurrency=1, requests_per_stream=len(prompts), opts=warm)
+        for transport in transports:
+            for method in methods:
+                short = GenerationOptions(max_tokens=4, stream=True, policy=method.policy)
+                await run_block(clients[transport], transport=transport, method=method.name, prompts=prompts,
+                                prompt_indices=[0], concurrency=1, requests_per_stream=1, opts=short)
+        total = sum(level * args.requests_per_stream for level in levels) * len(methods) * len(transports)
+        bar = tqdm(total=total, unit="req", disable=args.no_progress, file=sys.stderr)
+        for li, level in enumerate(levels):
+            for transport in transports:
+                for method in rotated(methods, li):
+                    bar.set_description(f"{level} streams, {transport}, {method.name}")
+                    block = await run_block(
+                        clients[transport], transport=transport, method=method.name, prompts=prompts,
+                        prompt_indices=indices, concurrency=level, requests_per_stream=args.requests_per_stream,
+                        opts=opts_for[method.name], request_timeout_s=args.request_timeout_s,
+                        on_request=lambda _: bar.update(1))
+                    blocks.append(block)
+                    row = block.summary()
+                    bar.write(f"{level:>3} streams {transport:>6} {method.name:>10}: {row['output_tokens_per_s']:8.1f} tok/s"
+                              f"  TTFT p50 {row['ttft_p50_s']}  ITL p50 {row['itl_p50_s']}  failed {row['failed']}"
+                              f"  generator CPU {100 * row['generator_cpu_share']:.1f} %")
+        bar.close()
+    finally:
+        for client in clients.values():
+            await client.close()
+    return blocks
+
+
+def _repository_default(key: str, model: str = "banditspec") -> str:
+    """A parameter's value in the model repository's config (what the server runs with)."""
+    import re
+
+    from banditspec_client.serve import SOURCE_REPOSITORY
+
+    text = (SOURCE_REPOSITORY / model / "config.pbtxt").read_text()
+    found = re.search(r'key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text)
+    return found.group(1) if found else "?"
 
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 0

@@ -1,213 +1,279 @@
-"""Closed-loop load for the concurrency sweep: N streams, each sending its next request
-as soon as the previous one finishes, for a fixed time; and the server-side token
-counter that measures what was generated in a window.
+"""The load generator of ``banditspec bench-load``: closed-loop streams on one asyncio loop.
 
-Throughput is read from the target's ``nv_banditspec_target_output_tokens`` counter on
-the metrics port (every token the target produced, whichever request it belonged to), so
-a measurement window needs no request to start or end inside it. Latency is the wall
-time of the requests that completed during the run.
+A level of N streams is N coroutines on one event loop in this process (no thread or
+process per stream), each sending its next request as soon as its previous one ended,
+``requests_per_stream`` requests in all. Two transports:
+
+* ``triton``: Triton's streaming gRPC (``tritonclient.grpc.aio``), one stream per request,
+  ``stream`` on: a response per piece of text, the last carrying ``speculation_stats``;
+* ``openai``: the OpenAI API's ``/v1/chat/completions`` with ``stream`` on (server-sent
+  events over aiohttp), the last chunk carrying ``speculation_stats`` and the usage.
+
+Per request: the time to its first text, its latency, its output tokens (the server's
+count) and its text; a request that fails (an error response, a refused connection, a
+timeout) is counted with its message, and the stream goes on with its next request. The
+generator's own CPU time (this process) is measured over each block, so a report can say
+how much of the machine the generator took.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import queue
-import threading
+import resource
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.triton_client import GenerationOptions
 
-OUTPUT_TOKENS = "nv_banditspec_target_output_tokens"
-VERIFIED_SEQUENCES = "nv_banditspec_target_verified_sequences"
-VERIFY_BATCHES = "nv_banditspec_target_verify_batches"
-REQUESTS = "nv_banditspec_requests"  # by model and outcome: one count per finished request
-EVICTIONS = "nv_banditspec_target_kv_cache_evictions"
+TRANSPORTS = ("triton", "openai")
 
 
 @dataclass
-class RequestRecord:
-    """One completed request: when it ran and what it produced."""
+class RequestOutcome:
+    """One request of a closed loop."""
 
-    started: float
-    seconds: float
-    generated_tokens: int
-    drafted: list[int]  # draft length per step
-    full: bool  # False for a stream's first, shortened request
+    stream: int
+    prompt_index: int
+    started: float  # seconds since the block began
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    output_tokens: int = 0
+    text: str = ""
+    error: str | None = None
+    drafted_per_step: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def itl_s(self) -> float | None:
+        """Inter-token latency: the time after the first text, per further output token
+        (aiperf's and genai-perf's definition); None for fewer than two tokens."""
+        if self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
 @dataclass
-class LoadResult:
-    """One closed-loop run at one concurrency."""
+class BlockResult:
+    """One method at one concurrency through one transport."""
 
+    transport: str
+    method: str
     concurrency: int
-    window_seconds: float
-    window_tokens: float  # target output tokens during the measurement window
-    requests: list[RequestRecord] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    sent: int = 0  # requests sent
-    batches: float = 0.0  # target verify batches during the window
-    sequences: float = 0.0  # sequences those batches held
-    evictions: float = 0.0  # prefix-cache evictions in the target during the window
+    wall_s: float
+    generator_cpu_s: float
+    outcomes: list[RequestOutcome] = field(default_factory=list)
 
     @property
-    def tokens_per_second(self) -> float:
-        return self.window_tokens / self.window_seconds if self.window_seconds > 0 else 0.0
+    def failed(self) -> list[RequestOutcome]:
+        return [o for o in self.outcomes if not o.ok]
 
-    @property
-    def mean_batch(self) -> float:
-        return self.sequences / self.batches if self.batches else 0.0
+    def summary(self) -> dict[str, Any]:
+        """Output tokens/s over the block's wall time, and percentiles over its requests."""
+        done = [o for o in self.outcomes if o.ok]
+        tokens = sum(o.output_tokens for o in done)
+        ttft = [o.ttft_s for o in done if o.ttft_s is not None]
+        itl = [o.itl_s for o in done if o.itl_s is not None]
+        latency = [o.latency_s for o in done]
+        drafted = [o.drafted_per_step for o in done if o.drafted_per_step is not None]
+        return {
+            "transport": self.transport,
+            "method": self.method,
+            "concurrency": self.concurrency,
+            "requests": len(self.outcomes),
+            "failed": len(self.failed),
+            "errors": sorted({o.error or "" for o in self.failed})[:5],
+            "output_tokens": tokens,
+            "wall_s": round(self.wall_s, 3),
+            "output_tokens_per_s": round(tokens / self.wall_s, 3) if self.wall_s > 0 else 0.0,
+            "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p99_s": percentile(ttft, 99),
+            "itl_p50_s": percentile(itl, 50),
+            "itl_p99_s": percentile(itl, 99),
+            "latency_p50_s": percentile(latency, 50),
+            "latency_p99_s": percentile(latency, 99),
+            "drafted_per_step": round(float(np.mean(drafted)), 3) if drafted else None,
+            "generator_cpu_s": round(self.generator_cpu_s, 3),
+            "generator_cpu_share": round(self.generator_cpu_s / self.wall_s, 4) if self.wall_s > 0 else 0.0,
+        }
 
-    def latency(self) -> dict:
-        """Wall time of full-length requests (mean, p50, p90) and seconds per generated
-        token over every completed request (the shortened first ones included)."""
-        out: dict = {"requests": 0}
-        if self.requests:
-            per_token = [r.seconds / max(r.generated_tokens, 1) for r in self.requests]
-            out["all_requests"] = len(self.requests)
-            out["mean_s_per_token"] = round(float(np.mean(per_token)), 4)
-        seconds = np.array([r.seconds for r in self.requests if r.full])
-        if seconds.size:
-            out.update(
-                requests=int(seconds.size),
-                mean_s=round(float(seconds.mean()), 3),
-                p50_s=round(float(np.percentile(seconds, 50)), 3),
-                p90_s=round(float(np.percentile(seconds, 90)), 3),
-            )
-        return out
 
-    def mean_drafted(self) -> float:
-        drafted = [d for r in self.requests for d in r.drafted]
-        return float(np.mean(drafted)) if drafted else 0.0
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (linear interpolation), rounded to 0.1 ms; None without values."""
+    return round(float(np.percentile(values, q)), 4) if len(values) else None
 
 
-def _stream_worker(
-    url: str,
-    model_name: str,
-    prompts: Sequence[str],
-    first: int,
-    stride: int,
-    opts: GenerationOptions,
-    stop_at: float,
-    out: LoadResult,
-    lock: threading.Lock,
-) -> None:
-    """Send prompts[first], prompts[first + stride], ... one after another until ``stop_at``;
-    the request in flight then is cancelled (the whole gRPC stream is stopped). The first
-    request asks for (first + 1) / stride of ``max_tokens``, so that the streams do not
-    all prefill and finish at the same moments."""
-    import dataclasses
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
-    import tritonclient.grpc as grpcclient
 
-    from banditspec_client.triton_client import _grpc_inputs
+class Client:
+    """One transport's requests (see the module docstring)."""
 
-    answers: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    index = first
-    request_opts = dataclasses.replace(opts, max_tokens=max(1, opts.max_tokens * (first + 1) // stride))
-    try:
-        while time.monotonic() < stop_at:
-            started, full = time.monotonic(), request_opts is opts
-            client.async_stream_infer(model_name, _grpc_inputs(prompts[index % len(prompts)], request_opts))
-            with lock:
-                out.sent += 1
-            index += stride
-            request_opts = opts
-            while True:
-                remaining = stop_at - time.monotonic()
-                if remaining <= 0:
-                    return
-                try:
-                    result, error = answers.get(timeout=min(remaining, 1.0))
-                except queue.Empty:
-                    continue
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def request(self, prompt: str, opts: GenerationOptions, outcome: RequestOutcome, began: float) -> None:
+        raise NotImplementedError
+
+
+class TritonStreamClient(Client):
+    def __init__(self, url: str, model_name: str = "banditspec"):
+        self.url, self.model_name = url, model_name
+        self._client: Any = None
+
+    async def start(self) -> None:
+        import tritonclient.grpc.aio as grpcclient
+
+        self._client = grpcclient.InferenceServerClient(self.url)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def request(self, prompt: str, opts: GenerationOptions, outcome: RequestOutcome, began: float) -> None:
+        from banditspec_client.triton_client import _grpc_inputs
+
+        inputs = _grpc_inputs(prompt, opts)
+
+        async def one():
+            yield {"model_name": self.model_name, "inputs": inputs}
+
+        pieces: list[str] = []
+        responses = self._client.stream_infer(one())
+        try:
+            async for result, error in responses:
                 if error is not None:
-                    with lock:
-                        out.errors.append(str(error)[:200])
-                    break
+                    outcome.error = f"triton: {error}"[:300]
+                    return
+                raw_text = result.as_numpy("text_output")
+                if raw_text is not None:
+                    text = b"".join(t if isinstance(t, bytes) else str(t).encode() for t in np.asarray(raw_text).reshape(-1))
+                    if text and outcome.ttft_s is None:
+                        outcome.ttft_s = time.monotonic() - began - outcome.started
+                    pieces.append(text.decode("utf-8", errors="replace"))
                 raw = result.as_numpy("speculation_stats")
-                if raw is None:
-                    continue  # a streamed piece; the final response carries the stats
-                stats = json.loads(np.asarray(raw).reshape(-1)[0])
-                record = RequestRecord(
-                    started, time.monotonic() - started, int(stats["generated_tokens"]), list(stats["drafted"]), full
-                )
-                with lock:
-                    out.requests.append(record)
-                break
-    finally:
-        try:
-            client.stop_stream(cancel_requests=True)
+                if raw is not None:  # the request's last response carries its statistics
+                    _take_stats(outcome, json.loads(np.asarray(raw).reshape(-1)[0]))
+                    break
+                parameters = result.get_response().parameters
+                if "triton_final_response" in parameters and parameters["triton_final_response"].bool_param:
+                    outcome.error = "triton: the final response carried no speculation_stats"
+                    return
+            else:
+                outcome.error = outcome.error or "triton: the stream ended without a final response"
         finally:
-            client.close()
+            responses.cancel()
+            outcome.text = "".join(pieces)
 
 
-def finished_requests(metrics_port: int, model_name: str) -> float:
-    """Requests ``model_name`` has finished so far (any outcome)."""
-    return metric_total(scrape_metrics(metrics_port), REQUESTS, model=model_name)
+class OpenAIStreamClient(Client):
+    def __init__(self, base_url: str, model: str = "banditspec", timeout_s: float = 600.0):
+        self.base_url, self.model, self.timeout_s = base_url.rstrip("/"), model, timeout_s
+        self._session: Any = None
 
+    async def start(self) -> None:
+        import aiohttp
 
-def wait_idle(metrics_port: int, model_name: str, expected: float, timeout: float = 300.0) -> bool:
-    """Until ``model_name`` has finished ``expected`` requests in all (any outcome: a cancelled
-    request counts once the server has noticed and stopped it); False after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                              connector=aiohttp.TCPConnector(limit=0))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(self, prompt: str, opts: GenerationOptions, outcome: RequestOutcome, began: float) -> None:
+        body: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
+                                "max_tokens": opts.max_tokens, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if opts.temperature is not None:
+            body["temperature"] = opts.temperature
+        if opts.seed is not None:
+            body["seed"] = opts.seed
+        if opts.policy is not None:
+            body["policy"] = opts.policy
+        if opts.max_draft_len is not None:
+            body["max_draft_len"] = opts.max_draft_len
+        pieces: list[str] = []
         try:
-            if finished_requests(metrics_port, model_name) >= expected:
+            async with self._session.post(f"{self.base_url}/v1/chat/completions", json=body) as response:
+                if response.status != 200:
+                    outcome.error = f"openai: HTTP {response.status}: {(await response.text())[:200]}"
+                    return
+                buffer = b""
+                async for block in response.content.iter_any():
+                    buffer += block
+                    while b"\n\n" in buffer:
+                        event, buffer = buffer.split(b"\n\n", 1)
+                        if self._event(event, pieces, outcome, began):
+                            return
+                outcome.error = outcome.error or "openai: the stream ended without [DONE]"
+        finally:
+            outcome.text = "".join(pieces)
+
+    @staticmethod
+    def _event(event: bytes, pieces: list[str], outcome: RequestOutcome, began: float) -> bool:
+        """One server-sent event; True at the stream's end."""
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
                 return True
-        except OSError:
-            pass
-        time.sleep(0.25)
-    return False
+            chunk = json.loads(data)
+            if "error" in chunk:
+                outcome.error = f"openai: {json.dumps(chunk['error'])[:200]}"
+                return True
+            for choice in chunk.get("choices") or ():
+                text = (choice.get("delta") or {}).get("content") or ""
+                if text and outcome.ttft_s is None:
+                    outcome.ttft_s = time.monotonic() - began - outcome.started
+                pieces.append(text)
+            if chunk.get("speculation_stats"):
+                _take_stats(outcome, chunk["speculation_stats"])
+            usage = chunk.get("usage")
+            if usage and usage.get("completion_tokens") is not None:
+                outcome.output_tokens = int(usage["completion_tokens"])
+        return False
 
 
-def run_closed_loop(
-    *,
-    grpc_url: str,
-    metrics_port: int,
-    model_name: str,
-    prompts: Sequence[str],
-    concurrency: int,
-    opts: GenerationOptions,
-    warmup_s: float,
-    measure_s: float,
-) -> LoadResult:
-    """``concurrency`` closed-loop streams for ``warmup_s + measure_s`` seconds; throughput
-    over the last ``measure_s`` seconds."""
-    result = LoadResult(concurrency, 0.0, 0.0)
-    lock = threading.Lock()
-    finished_before = finished_requests(metrics_port, model_name)
-    begin = time.monotonic()
-    stop_at = begin + warmup_s + measure_s
-    threads = [
-        threading.Thread(
-            target=_stream_worker,
-            args=(grpc_url, model_name, prompts, i, concurrency, opts, stop_at, result, lock),
-            daemon=True,
-        )
-        for i in range(concurrency)
-    ]
-    for thread in threads:
-        thread.start()
-    time.sleep(max(0.0, begin + warmup_s - time.monotonic()))
-    t0, before = time.monotonic(), scrape_metrics(metrics_port)
-    time.sleep(max(0.0, stop_at - time.monotonic()))
-    t1, after = time.monotonic(), scrape_metrics(metrics_port)
+def _take_stats(outcome: RequestOutcome, stats: dict) -> None:
+    outcome.output_tokens = int(stats.get("generated_tokens", outcome.output_tokens))
+    drafted = stats.get("drafted") or []
+    outcome.drafted_per_step = float(np.mean(drafted)) if drafted else 0.0
 
-    def delta(name: str) -> float:
-        return metric_total(after, name) - metric_total(before, name)
 
-    result.batches, result.sequences = delta(VERIFY_BATCHES), delta(VERIFIED_SEQUENCES)
-    result.evictions = delta(EVICTIONS)
-    result.window_seconds, result.window_tokens = t1 - t0, delta(OUTPUT_TOKENS)
-    for thread in threads:
-        thread.join(timeout=30)
-    if not wait_idle(metrics_port, model_name, finished_before + result.sent):
-        result.errors.append("the server had not finished every request 300 s after the run")
-    return result
+async def run_block(client: Client, *, transport: str, method: str, prompts: Sequence[str], prompt_indices: Sequence[int],
+                    concurrency: int, requests_per_stream: int, opts: GenerationOptions,
+                    request_timeout_s: float = 600.0, on_request=None) -> BlockResult:
+    """``concurrency`` closed-loop streams, each sending ``requests_per_stream`` requests:
+    stream s sends prompt_indices[s], prompt_indices[s + concurrency], ... (cycled)."""
+    outcomes: list[RequestOutcome] = []
+    began = time.monotonic()
+    cpu_before = _cpu_seconds()
+
+    async def stream(s: int) -> None:
+        for j in range(requests_per_stream):
+            index = prompt_indices[(s + j * concurrency) % len(prompt_indices)]
+            outcome = RequestOutcome(s, index, time.monotonic() - began)
+            outcomes.append(outcome)
+            try:
+                await asyncio.wait_for(client.request(prompts[index], opts, outcome, began), request_timeout_s)
+            except asyncio.TimeoutError:
+                outcome.error = f"{transport}: no answer in {request_timeout_s:g} s"
+            except Exception as exc:  # a refused connection, a broken stream: counted, the loop goes on
+                outcome.error = f"{transport}: {type(exc).__name__}: {exc}"[:300]
+            outcome.latency_s = time.monotonic() - began - outcome.started
+            if on_request is not None:
+                on_request(outcome)
+
+    await asyncio.gather(*(stream(s) for s in range(concurrency)))
+    return BlockResult(transport, method, concurrency, time.monotonic() - began, _cpu_seconds() - cpu_before, outcomes)

@@ -1,144 +1,119 @@
-"""Tables and the figure of the concurrency sweep (from its results JSON).
-
-The figure follows the paper's Figure 3: per concurrency, the throughput improvement of
-each setting over gamma = 0 (plain decoding), with the oracle-best and the worst fixed
-gamma drawn as a band; a second panel shows the latency (seconds per generated token of
-the completed requests).
-"""
+"""The load sweep's report: results.md (settings, then one table per transport) and one
+figure per transport (output tokens/s, time to first token, inter-token latency and
+request latency against the number of concurrent streams, a line per method)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from banditspec_client.bench.report import markdown_table, pyplot, save_png
+from banditspec_client.bench.report import fmt, markdown_table, pyplot, save_png
 
-GOAL_OF_BEST = 0.95  # adaptive >= 95% of the best fixed gamma
-GOAL_OF_VANILLA = 0.95  # adaptive >= 95% of gamma = 0
-
-
-@dataclass(frozen=True)
-class LevelSummary:
-    """One concurrency level; throughputs in tokens/s."""
-
-    concurrency: int
-    vanilla: float
-    best_label: str
-    best: float
-    worst_label: str
-    worst: float
-    adaptive: float | None
-
-    def gain(self, value: float) -> float:
-        """Throughput improvement over gamma = 0, in percent."""
-        return 100.0 * (value / self.vanilla - 1.0) if self.vanilla > 0 else 0.0
-
-    @property
-    def meets_goal(self) -> bool | None:
-        if self.adaptive is None or self.best <= 0 or self.vanilla <= 0:
-            return None
-        return self.adaptive >= GOAL_OF_BEST * self.best and self.adaptive >= GOAL_OF_VANILLA * self.vanilla
+VANILLA = "vanilla"
 
 
-def summarize(report: dict) -> list[LevelSummary]:
-    by_level: dict[int, dict[str, float]] = {}
-    for row in report["rows"]:
-        by_level.setdefault(row["concurrency"], {})[row["setting"]] = row["tokens_per_second"]
-    out = []
-    for level, values in sorted(by_level.items()):
-        fixed = {k: v for k, v in values.items() if k != "adaptive"}
-        if "gamma=0" not in fixed:
-            continue
-        best = max(fixed, key=fixed.get)
-        worst = min(fixed, key=fixed.get)
-        out.append(LevelSummary(level, fixed["gamma=0"], best, fixed[best], worst, fixed[worst], values.get("adaptive")))
+def ratios(rows: list[dict]) -> dict[tuple[str, int, str], float | None]:
+    """(transport, concurrency, method) -> output tokens/s over plain decoding's there."""
+    base = {(r["transport"], r["concurrency"]): r["output_tokens_per_s"] for r in rows if r["method"] == VANILLA}
+    out: dict[tuple[str, int, str], float | None] = {}
+    for r in rows:
+        plain = base.get((r["transport"], r["concurrency"]))
+        out[(r["transport"], r["concurrency"], r["method"])] = (
+            round(r["output_tokens_per_s"] / plain, 3) if plain else None)
     return out
 
 
-def markdown(report: dict) -> str:
-    summaries = summarize(report)
-    settings = sorted({row["setting"] for row in report["rows"]}, key=lambda s: (s == "adaptive", s))
-    cells = {(row["concurrency"], row["setting"]): row for row in report["rows"]}
-    throughput = []
-    for s in summaries:
-        row = [f"{cells[(s.concurrency, name)]['tokens_per_second']:.1f}" if (s.concurrency, name) in cells else "" for name in settings]
-        ratio_best = f"{s.adaptive / s.best:.3f}" if s.adaptive is not None and s.best > 0 else ""
-        ratio_vanilla = f"{s.adaptive / s.vanilla:.3f}" if s.adaptive is not None and s.vanilla > 0 else ""
-        goal = {True: "met", False: "missed", None: ""}[s.meets_goal]
-        throughput.append([s.concurrency, *row, s.best_label, ratio_best, ratio_vanilla, goal])
-    latency = []
-    for s in summaries:
-        row = []
-        for name in settings:
-            cell = cells.get((s.concurrency, name))
-            if cell is None or "mean_s_per_token" not in cell["latency"]:
-                row.append("")
-                continue
-            lat = cell["latency"]
-            full = f"{lat['mean_s']:.1f} s ({lat['requests']})" if lat.get("requests") else "-"
-            row.append(f"{lat['mean_s_per_token']:.3f}; {full}; {cell['mean_drafted_per_step']:.2f}")
-        latency.append([s.concurrency, *row])
-    lines = [
-        "# Concurrency sweep: fixed speculation length vs. the server-wide controller",
-        "",
-        f"Command: `{report['command']}`  ",
-        f"Started {report['started']}, finished {report.get('finished', '(incomplete)')}; "
-        f"machine: {report['machine']['platform']}, {report['machine']['cpus']} CPUs.",
-        "",
-        "## Total throughput (generated tokens/s, server-side counter over the measured window)",
-        "",
-        markdown_table(["streams", *settings, "best fixed", "adaptive / best", "adaptive / gamma=0", "goal"], throughput,
-                       "r" * (len(settings) + 1) + "lrrc"),
-        "",
-        "## Latency: seconds per generated token (all completed requests), full-request mean latency in s (requests), mean draft tokens per step",
-        "",
-        markdown_table(["streams", *settings], latency, "r" * (len(settings) + 1)),
-        "",
-        "Mean target batch (sequences per verify call) per setting: "
-        + "; ".join(f"{row['concurrency']}/{row['setting']}: {row['mean_batch']:.2f}" for row in report["rows"] if row["setting"] in ("gamma=0", "adaptive")),
-        "",
+def _ms(value: float | None) -> str:
+    return fmt(None if value is None else 1e3 * value, "{:.0f}")
+
+
+def settings_lines(report: dict) -> list[str]:
+    s = report["settings"]
+    machine = report["machine"]
+    return [
+        f"- command: `{report['command']}`",
+        f"- machine: {machine['cpu_model']}, {machine['logical_cpus']} logical CPUs; server torch threads: "
+        f"{s['torch_threads']}",
+        f"- prompts: {s['prompts']} ({s['prompt_source']}); output tokens per request: {s['max_tokens']}; "
+        f"L (max_draft_len): {s['max_draft_len']}; temperature: {s['temperature']}",
+        f"- concurrency: {', '.join(map(str, s['concurrency']))}; requests per stream per level: "
+        f"{s['requests_per_stream']}; methods (interleaved): {', '.join(s['methods'])}; transports: "
+        f"{', '.join(s['transports'])}",
+        f"- server parameters: {s['server_params'] or 'the model repository defaults'}",
+        f"- load generator: one asyncio loop in one process; its CPU time was "
+        f"{fmt(report['generator']['mean_cpu_share'] * 100, '{:.1f}')} % of one core on average "
+        f"(at most {fmt(report['generator']['max_cpu_share'] * 100, '{:.1f}')} %), "
+        f"{fmt(report['generator']['mean_cpu_share'] * 100 / max(1, machine['logical_cpus']), '{:.1f}')} % "
+        f"of the machine",
     ]
+
+
+def markdown(report: dict) -> str:
+    rows = report["rows"]
+    r = ratios(rows)
+    lines = ["# Load sweep", "", *settings_lines(report), ""]
+    header = ["streams", "method", "output tok/s", "x plain", "TTFT p50 / p99 (ms)", "ITL p50 / p99 (ms)",
+              "latency p50 / p99 (s)", "drafted/step", "requests", "failed", "outputs ≠ plain"]
+    for transport in report["settings"]["transports"]:
+        table = []
+        for row in sorted((x for x in rows if x["transport"] == transport),
+                          key=lambda x: (x["concurrency"], report["settings"]["methods"].index(x["method"]))):
+            table.append([
+                row["concurrency"], row["method"], f"{row['output_tokens_per_s']:.1f}",
+                fmt(r[(transport, row["concurrency"], row["method"])], "{:.3f}"),
+                f"{_ms(row['ttft_p50_s'])} / {_ms(row['ttft_p99_s'])}",
+                f"{_ms(row['itl_p50_s'])} / {_ms(row['itl_p99_s'])}",
+                f"{fmt(row['latency_p50_s'])} / {fmt(row['latency_p99_s'])}",
+                fmt(row["drafted_per_step"]), row["requests"], row["failed"], fmt(row.get("mismatches"), "{}"),
+            ])
+        lines += [f"## {transport}", "", markdown_table(header, table, "rlrrrrrrrrr"), ""]
+    errors = sorted({e for row in rows for e in row["errors"]})
+    if errors:
+        lines += ["## Errors (first of each kind)", "", *[f"- `{e}`" for e in errors[:10]], ""]
     return "\n".join(lines)
 
 
-def plot(report: dict, path: Path) -> None:
+def figure(report: dict, transport: str, path: Path) -> Path | None:
+    rows = [x for x in report["rows"] if x["transport"] == transport]
+    if not rows:
+        return None
     plt = pyplot()
-    summaries = summarize(report)
-    levels = [s.concurrency for s in summaries]
-    x = list(range(len(levels)))
-    by = {(row["concurrency"], row["setting"]): row for row in report["rows"]}
-    fixed = sorted({row["setting"] for row in report["rows"] if row["setting"] != "adaptive"})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    left.fill_between(x, [s.gain(s.worst) for s in summaries], [s.gain(s.best) for s in summaries], color="0.88", label="worst .. best fixed")
-    left.plot(x, [s.gain(s.best) for s in summaries], "--", color="tab:green", label="oracle-best fixed gamma")
-    left.plot(x, [s.gain(s.worst) for s in summaries], ":", color="tab:red", label="worst fixed gamma")
-    for name in fixed:
-        if name == "gamma=0":
-            continue
-        left.plot(x, [s.gain(by[(s.concurrency, name)]["tokens_per_second"]) for s in summaries], "-", lw=0.8, alpha=0.6, label=name)
-    if all(s.adaptive is not None for s in summaries):
-        left.plot(x, [s.gain(s.adaptive) for s in summaries], "o-", color="black", lw=2, label="adaptive (UCB over gamma)")
-    left.axhline(0, color="0.4", lw=0.8)
-    left.set_xticks(x, [str(v) for v in levels])
-    left.set_xlabel("concurrent streams")
-    left.set_ylabel("throughput improvement over gamma = 0 (%)")
-    left.legend(fontsize=7)
-    for name in fixed + ["adaptive"]:
-        ys = [by.get((s.concurrency, name), {}).get("latency", {}).get("mean_s_per_token") for s in summaries]
-        if any(y is not None for y in ys):
-            style = {"lw": 2, "color": "black", "marker": "o"} if name == "adaptive" else {"lw": 0.9}
-            right.plot(x, [y if y is not None else float("nan") for y in ys], label=name, **style)
-    right.set_xticks(x, [str(v) for v in levels])
-    right.set_xlabel("concurrent streams")
-    right.set_ylabel("latency: seconds per generated token")
-    right.set_yscale("log")
-    right.legend(fontsize=7)
-    fig.suptitle("SmolLM2-135M on CPU behind Triton: fixed gamma vs. throughput-driven controller", fontsize=10)
-    save_png(fig, path, dpi=120)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    panels: list[tuple[Any, str, list[tuple[str, str]]]] = [
+        (axes[0][0], "total output tokens/s", [("output_tokens_per_s", "-")]),
+        (axes[0][1], "time to first token (s): p50 solid, p99 dashed", [("ttft_p50_s", "-"), ("ttft_p99_s", "--")]),
+        (axes[1][0], "inter-token latency (s): p50 solid, p99 dashed", [("itl_p50_s", "-"), ("itl_p99_s", "--")]),
+        (axes[1][1], "request latency (s): p50 solid, p99 dashed", [("latency_p50_s", "-"), ("latency_p99_s", "--")]),
+    ]
+    methods = report["settings"]["methods"]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, title, series in panels:
+        for i, method in enumerate(methods):
+            mine = sorted((x for x in rows if x["method"] == method), key=lambda x: x["concurrency"])
+            for key, style in series:
+                points = [(x["concurrency"], x[key]) for x in mine if x[key] is not None]
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, style, marker="o", color=colours[i % len(colours)],
+                            label=method if style == "-" else None)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(report["settings"]["concurrency"], [str(c) for c in report["settings"]["concurrency"]])
+        ax.set_xlabel("concurrent streams")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    s = report["settings"]
+    fig.suptitle(f"{transport}: {s['prompts']} prompts, {s['max_tokens']} tokens, L = {s['max_draft_len']}, "
+                 f"temperature {s['temperature']}; {report['machine']['cpu_model']}", fontsize=10)
+    return save_png(fig, path)
 
 
-def write_report(report: dict, json_path: Path) -> list[Path]:
-    md, png = json_path.with_suffix(".md"), json_path.with_suffix(".png")
-    md.write_text(markdown(report))
-    plot(report, png)
-    return [md, png]
+def write_report(report: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "results.md"]
+    written[0].write_text(markdown(report) + "\n")
+    for transport in report["settings"]["transports"]:
+        png = figure(report, transport, out / f"load-{transport}.png")
+        if png is not None:
+            written.append(png)
+    return written
