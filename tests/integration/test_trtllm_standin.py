@@ -34,23 +34,47 @@ BANDITSPEC = {"drafters": DRAFTERS, "eagle_model": "draft"}
 
 
 @pytest.fixture(scope="module")
-def trt_server(tmp_path_factory):
-    from banditspec.paths import cache_dir
-    from banditspec_client.serve import TritonServer
-    from tests.trtllm_standin.repository import build_repository
+def built(tmp_path_factory):
+    """(served repository, BuildSpec, backend folder): model_repository_trtllm/ filled by
+    build_engines as for a GPU, the stand-in installed as the ``tensorrtllm`` backend."""
+    from tests.trtllm_standin.repository import backend_dir, build_repository
 
-    repository = build_repository(tmp_path_factory.mktemp("trtllm") / "repo", model=MODEL, max_draft_len=4,
-                                  banditspec_params=BANDITSPEC)
+    root = tmp_path_factory.mktemp("trtllm")
+    repository, spec = build_repository(root, model=MODEL, max_draft_len=4, banditspec_params=BANDITSPEC)
+    return repository, spec, backend_dir(root / "backends")
+
+
+@pytest.fixture(scope="module")
+def trt_server(built):
+    from banditspec.paths import cache_dir
+    from tests.trtllm_standin.repository import standin_server
+
+    repository, _, backends = built
     log = cache_dir() / "integration-trtllm-standin.log"
     log.write_bytes(b"")
-    server = TritonServer(
-        model=MODEL, http_port=0, grpc_port=0, metrics_port=0, log_path=log,
-        source=repository,
-        # 2 shared cores: a slow first call of the draft stand-in must not drop the arm mid-test
-        overrides={"banditspec": {**BANDITSPEC, "drafter_deadline_ms": "10000"}},
-    )
+    # 2 shared cores: a slow first call of the draft stand-in must not drop the arm mid-test
+    server = standin_server(repository, backends, model=MODEL, log_path=log,
+                            overrides={"banditspec": {**BANDITSPEC, "drafter_deadline_ms": "10000"}})
     with server:
         yield server
+
+
+def test_target_and_draft_are_served_with_the_gpu_configs_unchanged(built):
+    """No copy and no test edit: the served files are build_engines' fill of the shipped templates."""
+    from banditspec_client.fill_template import fill_template
+    from tests.trtllm_standin.repository import REPO_ROOT
+
+    repository, spec, _ = built
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "engine_build" / "trtllm"))
+    from build_engines import repository_values
+
+    values = repository_values(spec)
+    for name in ("target", "draft"):
+        shipped = (REPO_ROOT / "model_repository_trtllm" / name / "config.pbtxt").read_text()
+        assert (repository / name / "config.pbtxt").read_text() == fill_template(shipped, values[name])
+        assert 'backend: "tensorrtllm"' in shipped
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +224,7 @@ def test_the_stand_in_reports_block_reuse_of_a_growing_sequence(trt_server, toke
 
 
 def test_a_bad_verify_request_is_refused_naming_the_input(trt_server):
-    with pytest.raises(Exception, match="draft_input_ids"):
+    with pytest.raises(Exception, match="Draft tokens length"):
         infer_standin(trt_server.grpc_url, "target", request([5, 6, 7], 10, 2, draft_input_ids=np.zeros((1, 9), np.int32)))
     with pytest.raises(TritonError, match="max_tokens"):
         generate_grpc(trt_server.grpc_url, "hi", GenerationOptions(max_tokens=0))
