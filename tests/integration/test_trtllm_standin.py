@@ -40,7 +40,9 @@ def built(tmp_path_factory):
     from tests.trtllm_standin.repository import backend_dir, build_repository
 
     root = tmp_path_factory.mktemp("trtllm")
-    repository, spec = build_repository(root, model=MODEL, max_draft_len=4, banditspec_params=BANDITSPEC)
+    # max_tokens up to the whole context, so that one request can reach max_seq_len
+    repository, spec = build_repository(root, model=MODEL, max_draft_len=4,
+                                        banditspec_params={**BANDITSPEC, "max_tokens_limit": "1024"})
     return repository, spec, backend_dir(root / "backends")
 
 
@@ -208,7 +210,7 @@ def test_the_stand_in_streams_per_iteration_and_refuses_streaming_when_not_decou
         client.close()
     assert chunks == [plain[:2], [plain[2]], [plain[3]]], "verify iteration first, then one token per iteration"
 
-    with pytest.raises(Exception, match="streaming"):
+    with pytest.raises(Exception, match=r"INTERNAL\] Streaming is only supported if model is deployed using decoupled mode"):
         infer_standin(trt_server.grpc_url, "target", request(ids, 4, eos, streaming=np.array([[True]])))
 
 
@@ -219,12 +221,34 @@ def test_the_stand_in_reports_block_reuse_of_a_growing_sequence(trt_server, toke
     first = infer_standin(trt_server.grpc_url, "target", request(ids, 3, -1, **flags), outputs)
     grown = ids + first["output_ids"].reshape(-1).tolist()
     second = infer_standin(trt_server.grpc_url, "target", request(grown, 3, -1, **flags), outputs)
-    assert int(second["kv_cache_reused_blocks"].reshape(-1)[0]) == len(grown[:-1]) // 32 > 0
+    assert int(second["kv_cache_reused_blocks"].reshape(-1)[0]) == len(grown[:-1]) // 64 > 0  # tokens_per_block 64
     assert int(second["kv_cache_reused_blocks"].reshape(-1)[0]) >= int(first["kv_cache_reused_blocks"].reshape(-1)[0])
 
 
 def test_a_bad_verify_request_is_refused_naming_the_input(trt_server):
-    with pytest.raises(Exception, match="Draft tokens length"):
+    with pytest.raises(Exception, match=r"INTERNAL\] Draft tokens length \(9\) exceeds maximum draft tokens length \(4\)"):
         infer_standin(trt_server.grpc_url, "target", request([5, 6, 7], 10, 2, draft_input_ids=np.zeros((1, 9), np.int32)))
     with pytest.raises(TritonError, match="max_tokens"):
         generate_grpc(trt_server.grpc_url, "hi", GenerationOptions(max_tokens=0))
+
+
+def test_a_request_that_reaches_max_seq_len_ends_at_its_length_without_an_invented_eos(built, trt_server, tokenizer):
+    """Near max_seq_len the engine cuts request_output_len (prompt + output + draft tokens per
+    step, the engine's max_draft_len for a plain step); the controller's limit leaves that room,
+    so the answer runs to max_context with the stand-in's own tokens and no EOS is made up."""
+    from banditspec.text import prompt_ids
+
+    _, spec, _ = built
+    prompt = PROMPTS[1]
+    ids = prompt_ids(tokenizer, prompt, chat=True)
+    max_tokens = spec.max_context - len(ids)
+    assert spec.max_context + 1 + spec.max_draft_len <= spec.max_seq_len + 1
+    out = infer_standin(trt_server.grpc_url, "target", request(ids, max_tokens, tokenizer.eos_token_id))
+    plain = out["output_ids"].reshape(-1)[: int(out["sequence_length"].reshape(-1)[0])].tolist()
+    assert len(plain) == max_tokens and tokenizer.eos_token_id not in plain
+    for policy in ("vanilla", "fixed:pld", "ucbspec"):
+        result = generate_grpc(trt_server.grpc_url, prompt, GenerationOptions(max_tokens=max_tokens, policy=policy))
+        assert result.stats["generated_tokens"] == max_tokens, (policy, result.stats["generated_tokens"])
+        assert result.text == tokenizer.decode(plain, skip_special_tokens=True), policy
+    with pytest.raises(TritonError, match="max_tokens|context"):
+        generate_grpc(trt_server.grpc_url, prompt, GenerationOptions(max_tokens=max_tokens + 1))
