@@ -233,22 +233,29 @@ def test_a_bad_verify_request_is_refused_naming_the_input(trt_server):
 
 
 def test_a_request_that_reaches_max_seq_len_ends_at_its_length_without_an_invented_eos(built, trt_server, tokenizer):
-    """Near max_seq_len the engine cuts request_output_len (prompt + output + draft tokens per
-    step, the engine's max_draft_len for a plain step); the controller's limit leaves that room,
-    so the answer runs to max_context with the stand-in's own tokens and no EOS is made up."""
+    """A request as long as the controller allows (its max_context, as build_engines filled it)
+    reaches the end of the engine's max_seq_len. There the engine cuts request_output_len
+    (prompt + output + draft tokens per step, the engine's max_draft_len for a plain step): the
+    controller's limit must leave that room, so that the answer runs to its length with the
+    engine's own tokens and no EOS is made up from a cut answer."""
+    import re
+
     from banditspec.text import prompt_ids
 
-    _, spec, _ = built
+    repository, spec, _ = built
+    text = (repository / "banditspec" / "config.pbtxt").read_text()
+    max_context = int(re.search(r'key: "max_context" value: \{ string_value: "(\d+)"', text).group(1))
     prompt = PROMPTS[1]
     ids = prompt_ids(tokenizer, prompt, chat=True)
-    max_tokens = spec.max_context - len(ids)
-    assert spec.max_context + 1 + spec.max_draft_len <= spec.max_seq_len + 1
-    out = infer_standin(trt_server.grpc_url, "target", request(ids, max_tokens, tokenizer.eos_token_id))
-    plain = out["output_ids"].reshape(-1)[: int(out["sequence_length"].reshape(-1)[0])].tolist()
-    assert len(plain) == max_tokens and tokenizer.eos_token_id not in plain
+    max_tokens = max_context - len(ids)
+    results = {}
     for policy in ("vanilla", "fixed:pld", "ucbspec"):
         result = generate_grpc(trt_server.grpc_url, prompt, GenerationOptions(max_tokens=max_tokens, policy=policy))
-        assert result.stats["generated_tokens"] == max_tokens, (policy, result.stats["generated_tokens"])
-        assert result.text == tokenizer.decode(plain, skip_special_tokens=True), policy
+        assert result.stats["generated_tokens"] == max_tokens, (policy, result.stats["generated_tokens"], result.stats)
+        results[policy] = result.text
+    out = infer_standin(trt_server.grpc_url, "target", request(ids, max_tokens, tokenizer.eos_token_id))
+    plain = out["output_ids"].reshape(-1)[: int(out["sequence_length"].reshape(-1)[0])].tolist()
+    assert len(plain) == max_tokens and tokenizer.eos_token_id not in plain, "the engine itself cut the answer"
+    assert results == dict.fromkeys(results, tokenizer.decode(plain, skip_special_tokens=True))
     with pytest.raises(TritonError, match="max_tokens|context"):
         generate_grpc(trt_server.grpc_url, prompt, GenerationOptions(max_tokens=max_tokens + 1))
