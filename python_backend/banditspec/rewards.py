@@ -19,7 +19,7 @@ from banditspec.bandits.cost_model import CostModel
 class AcceptedLengthReward:
     name = "accepted"
 
-    def __call__(self, accepted: int, step_seconds: float) -> float:
+    def __call__(self, accepted: int, step_seconds: float, tokens: int | None = None) -> float:
         return float(accepted + 1)
 
 
@@ -29,9 +29,10 @@ class ThroughputReward:
     max_draft_len: int
     name = "throughput"
 
-    def __call__(self, accepted: int, step_seconds: float) -> float:
+    def __call__(self, accepted: int, step_seconds: float, tokens: int | None = None) -> float:
         plain = self.cost_model.verify_seconds(1)
-        value = float(accepted + 1) * plain / max(step_seconds, 1e-9)
+        produced = max(accepted + 1, tokens or 0)
+        value = float(produced) * plain / max(step_seconds, 1e-9)
         return min(max(value, 0.0), float(self.max_draft_len + 1))
 
 

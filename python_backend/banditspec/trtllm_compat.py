@@ -3,7 +3,7 @@
 Upstream's ``ensemble`` and ``tensorrt_llm_bls`` Triton models (TensorRT-LLM's Triton backend,
 ``all_models/inflight_batcher_llm``) take many more inputs than BanditSpec needs, and Triton
 refuses an input a model does not declare. ``banditspec`` therefore declares the union of their
-inputs (release 0.18, which the GPU path pins, and the current ones: ``seed`` next to
+inputs (tensorrtllm_backend 0.18 and the current ones; the GPU path pins TensorRT-LLM 1.2.1, between the two: ``seed`` next to
 ``random_seed``, ``min_tokens`` next to ``min_length``, ``return_perf_metrics``, guided decoding).
 
 Each input is either honoured or refused with a message that names it and says what is

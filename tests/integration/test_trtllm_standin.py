@@ -34,23 +34,49 @@ BANDITSPEC = {"drafters": DRAFTERS, "eagle_model": "draft"}
 
 
 @pytest.fixture(scope="module")
-def trt_server(tmp_path_factory):
-    from banditspec.paths import cache_dir
-    from banditspec_client.serve import TritonServer
-    from tests.trtllm_standin.repository import build_repository
+def built(tmp_path_factory):
+    """(served repository, BuildSpec, backend folder): model_repository_trtllm/ filled by
+    build_engines as for a GPU, the stand-in installed as the ``tensorrtllm`` backend."""
+    from tests.trtllm_standin.repository import backend_dir, build_repository
 
-    repository = build_repository(tmp_path_factory.mktemp("trtllm") / "repo", model=MODEL, max_draft_len=4,
-                                  banditspec_params=BANDITSPEC)
+    root = tmp_path_factory.mktemp("trtllm")
+    # max_tokens up to the whole context, so that one request can reach max_seq_len
+    repository, spec = build_repository(root, model=MODEL, max_draft_len=4,
+                                        banditspec_params={**BANDITSPEC, "max_tokens_limit": "1024"})
+    return repository, spec, backend_dir(root / "backends")
+
+
+@pytest.fixture(scope="module")
+def trt_server(built):
+    from banditspec.paths import cache_dir
+    from tests.trtllm_standin.repository import standin_server
+
+    repository, _, backends = built
     log = cache_dir() / "integration-trtllm-standin.log"
     log.write_bytes(b"")
-    server = TritonServer(
-        model=MODEL, http_port=0, grpc_port=0, metrics_port=0, log_path=log,
-        source=repository,
-        # 2 shared cores: a slow first call of the draft stand-in must not drop the arm mid-test
-        overrides={"banditspec": {**BANDITSPEC, "drafter_deadline_ms": "10000"}},
-    )
+    # 2 shared cores: a slow first call of the draft stand-in must not drop the arm mid-test
+    server = standin_server(repository, backends, model=MODEL, log_path=log,
+                            overrides={"banditspec": {**BANDITSPEC, "drafter_deadline_ms": "10000"}})
     with server:
         yield server
+
+
+def test_target_and_draft_are_served_with_the_gpu_configs_unchanged(built):
+    """No copy and no test edit: the served files are build_engines' fill of the shipped templates."""
+    from banditspec_client.fill_template import fill_template
+    from tests.trtllm_standin.repository import REPO_ROOT
+
+    repository, spec, _ = built
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "engine_build" / "trtllm"))
+    from build_engines import repository_values
+
+    values = repository_values(spec)
+    for name in ("target", "draft"):
+        shipped = (REPO_ROOT / "model_repository_trtllm" / name / "config.pbtxt").read_text()
+        assert (repository / name / "config.pbtxt").read_text() == fill_template(shipped, values[name])
+        assert 'backend: "tensorrtllm"' in shipped
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +210,7 @@ def test_the_stand_in_streams_per_iteration_and_refuses_streaming_when_not_decou
         client.close()
     assert chunks == [plain[:2], [plain[2]], [plain[3]]], "verify iteration first, then one token per iteration"
 
-    with pytest.raises(Exception, match="streaming"):
+    with pytest.raises(Exception, match=r"INTERNAL\] Streaming is only supported if model is deployed using decoupled mode"):
         infer_standin(trt_server.grpc_url, "target", request(ids, 4, eos, streaming=np.array([[True]])))
 
 
@@ -195,12 +221,41 @@ def test_the_stand_in_reports_block_reuse_of_a_growing_sequence(trt_server, toke
     first = infer_standin(trt_server.grpc_url, "target", request(ids, 3, -1, **flags), outputs)
     grown = ids + first["output_ids"].reshape(-1).tolist()
     second = infer_standin(trt_server.grpc_url, "target", request(grown, 3, -1, **flags), outputs)
-    assert int(second["kv_cache_reused_blocks"].reshape(-1)[0]) == len(grown[:-1]) // 32 > 0
+    assert int(second["kv_cache_reused_blocks"].reshape(-1)[0]) == len(grown[:-1]) // 64 > 0  # tokens_per_block 64
     assert int(second["kv_cache_reused_blocks"].reshape(-1)[0]) >= int(first["kv_cache_reused_blocks"].reshape(-1)[0])
 
 
 def test_a_bad_verify_request_is_refused_naming_the_input(trt_server):
-    with pytest.raises(Exception, match="draft_input_ids"):
+    with pytest.raises(Exception, match=r"INTERNAL\] Draft tokens length \(9\) exceeds maximum draft tokens length \(4\)"):
         infer_standin(trt_server.grpc_url, "target", request([5, 6, 7], 10, 2, draft_input_ids=np.zeros((1, 9), np.int32)))
     with pytest.raises(TritonError, match="max_tokens"):
         generate_grpc(trt_server.grpc_url, "hi", GenerationOptions(max_tokens=0))
+
+
+def test_a_request_that_reaches_max_seq_len_ends_at_its_length_without_an_invented_eos(built, trt_server, tokenizer):
+    """A request as long as the controller allows (its max_context, as build_engines filled it)
+    reaches the end of the engine's max_seq_len. There the engine cuts request_output_len
+    (prompt + output + draft tokens per step, the engine's max_draft_len for a plain step): the
+    controller's limit must leave that room, so that the answer runs to its length with the
+    engine's own tokens and no EOS is made up from a cut answer."""
+    import re
+
+    from banditspec.text import prompt_ids
+
+    repository, spec, _ = built
+    text = (repository / "banditspec" / "config.pbtxt").read_text()
+    max_context = int(re.search(r'key: "max_context" value: \{ string_value: "(\d+)"', text).group(1))
+    prompt = PROMPTS[1]
+    ids = prompt_ids(tokenizer, prompt, chat=True)
+    max_tokens = max_context - len(ids)
+    results = {}
+    for policy in ("vanilla", "fixed:pld", "ucbspec"):
+        result = generate_grpc(trt_server.grpc_url, prompt, GenerationOptions(max_tokens=max_tokens, policy=policy))
+        assert result.stats["generated_tokens"] == max_tokens, (policy, result.stats["generated_tokens"], result.stats)
+        results[policy] = result.text
+    out = infer_standin(trt_server.grpc_url, "target", request(ids, max_tokens, tokenizer.eos_token_id))
+    plain = out["output_ids"].reshape(-1)[: int(out["sequence_length"].reshape(-1)[0])].tolist()
+    assert len(plain) == max_tokens and tokenizer.eos_token_id not in plain, "the engine itself cut the answer"
+    assert results == dict.fromkeys(results, tokenizer.decode(plain, skip_special_tokens=True))
+    with pytest.raises(TritonError, match="max_tokens|context"):
+        generate_grpc(trt_server.grpc_url, prompt, GenerationOptions(max_tokens=max_tokens + 1))

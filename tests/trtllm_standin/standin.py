@@ -11,11 +11,17 @@ behaves as that model does where the BanditSpec controller can tell:
   not sample); the random state restarts from ``seed`` (default 0) for every request;
 * streaming (decoupled model): one response per engine iteration, the draft-verifying
   iteration first;
-* ``return_perf_metrics``: per-request KV-cache block figures of a block-reuse cache
-  (full blocks of ``tokens_per_block`` tokens, reused when an earlier request stored the same
-  prefix), draft-acceptance figures;
+* ``return_perf_metrics``: ALL ten per-request figures are written, requested or not (KV-cache
+  blocks of a block-reuse cache, INT64 timing points in ns since the epoch, draft acceptance);
+  the Triton glue lets the core's output check see every one of them (``model.py``);
+* the engine's limits (``max_input_len``, ``max_seq_len``, ``max_draft_len``, read from the
+  engine folder's ``config.json`` as the backend reads its engine): a too-long prompt or draft
+  is refused, and ``request_output_len`` is silently cut so that prompt + output + the
+  per-step draft length fits ``max_seq_len`` (:func:`new_token_cap`);
 * declared inputs it does not implement are ignored, as the C++ backend ignores what it
   does not use; :data:`IMPLEMENTED_INPUTS` lists what it honours.
+
+``behaviour.json`` beside this file lists each behaviour with the upstream source it comes from.
 
 Greedy tokens come from the project's torch reference engine
 (:class:`banditspec.engine.reference.ReferenceEngine`); sampled ones from the same model's
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,9 +71,9 @@ def contract_outputs() -> dict[str, dict]:
 
 
 def render_config(name: str, *, decoupled: bool, parameters: Mapping[str, str], max_batch_size: int = 8) -> str:
-    """A config.pbtxt declaring upstream's whole interface, served by the Python stand-in."""
+    """A config.pbtxt declaring upstream's whole interface (served by the stand-in as backend ``tensorrtllm``)."""
     lines = [
-        f'name: "{name}"', 'backend: "python"', f"max_batch_size: {max_batch_size}",
+        f'name: "{name}"', 'backend: "tensorrtllm"', f"max_batch_size: {max_batch_size}",
         f"model_transaction_policy {{ decoupled: {'true' if decoupled else 'false'} }}",
         "dynamic_batching { }", "input [",
     ]
@@ -89,7 +96,37 @@ def render_config(name: str, *, decoupled: bool, parameters: Mapping[str, str], 
 
 
 class StandInError(ValueError):
-    """A request the real backend would refuse; the message starts with the input's name."""
+    """A request the real backend would refuse (it answers with an INTERNAL error)."""
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What a built engine fixes (trtllm-build's --max_input_len, --max_seq_len, --max_draft_len;
+    0 for an engine without a speculative mode) and the KV cache's block size."""
+
+    max_input_len: int = 1 << 20
+    max_seq_len: int = 1 << 20
+    max_draft_len: int = 16
+    tokens_per_block: int = 32
+
+
+PERF_OUTPUTS: dict[str, type] = {
+    # written together whenever return_perf_metrics is set (fillTritonResponse, behaviour.json)
+    "kv_cache_alloc_new_blocks": np.int32, "kv_cache_reused_blocks": np.int32, "kv_cache_alloc_total_blocks": np.int32,
+    "arrival_time_ns": np.int64, "first_scheduled_time_ns": np.int64, "first_token_time_ns": np.int64,
+    "last_token_time_ns": np.int64,
+    "acceptance_rate": np.float32, "total_accepted_draft_tokens": np.int32, "total_draft_tokens": np.int32,
+}
+
+
+def new_token_cap(prompt_len: int, requested: int, draft_len: int, limits: EngineLimits) -> int:
+    """request_output_len as the executor keeps it (LlmRequest::validate): prompt + output +
+    the draft tokens per engine step (the request's draft, or the engine's max_draft_len when
+    it sends none) must fit max_seq_len, else the output length is cut, with a log warning only."""
+    per_step = draft_len if draft_len else limits.max_draft_len
+    if prompt_len + requested + per_step > limits.max_seq_len:
+        return limits.max_seq_len - prompt_len - per_step
+    return requested
 
 
 @dataclass
@@ -122,22 +159,29 @@ def _scalar(tensors: Mapping[str, np.ndarray], name: str, default, kind):
 
 
 def parse_call(tensors: Mapping[str, np.ndarray], *, exclude_input_default: bool, max_draft_len: int,
-               vocab_size: int) -> Call:
+               vocab_size: int, limits: EngineLimits | None = None) -> Call:
+    limits = limits or EngineLimits(max_draft_len=max_draft_len)
     if tensors.get("input_ids") is None:
-        raise StandInError("input_ids: required for a decoder-only engine")
+        raise StandInError("input_ids or encoder_input_features is not present in the request.")
+    # One sequence a request: the backend takes the whole input_ids row; input_lengths is
+    # read only to split a batch of several (splitBatchInputsTensors).
     ids = np.asarray(tensors["input_ids"]).reshape(-1).astype(np.int64)
-    length = _scalar(tensors, "input_lengths", None, int)
-    if length is None:
-        raise StandInError("input_lengths: required")
-    if not 0 < length <= ids.size:
-        raise StandInError(f"input_lengths: {length} does not fit input_ids of {ids.size} tokens")
-    ids = ids[:length]
     output_len = _scalar(tensors, "request_output_len", None, int)
-    if output_len is None or output_len < 1:
+    if output_len is None:
+        raise StandInError("request_output_len is not present in the request")
+    if output_len < 1:
         raise StandInError(f"request_output_len: must be >= 1, got {output_len}")
+    if ids.size > limits.max_input_len:
+        raise StandInError(f"Prompt length ({ids.size}) exceeds maximum input length ({limits.max_input_len}).")
     draft = np.asarray(tensors.get("draft_input_ids", np.zeros(0))).reshape(-1).astype(np.int64)
-    if draft.size > max_draft_len:
-        raise StandInError(f"draft_input_ids: {draft.size} draft tokens, the engine was built for at most {max_draft_len}")
+    if draft.size > limits.max_draft_len:
+        raise StandInError(f"Draft tokens length ({draft.size}) exceeds maximum draft tokens length ({limits.max_draft_len}).")
+    if draft.size and ids.size + draft.size > limits.max_input_len:
+        draft = draft[: limits.max_input_len - ids.size]  # cut with a warning only
+    output_len = new_token_cap(ids.size, output_len, draft.size, limits)
+    if output_len < 1:
+        raise StandInError(f"request_output_len: no room left in max_seq_len={limits.max_seq_len} "
+                           f"for a prompt of {ids.size} tokens and {draft.size or limits.max_draft_len} draft tokens a step")
     for name, values in (("input_ids", ids), ("draft_input_ids", draft)):
         if values.size and (values.min() < 0 or values.max() >= vocab_size):
             raise StandInError(f"{name}: token ids must be in [0, {vocab_size})")
@@ -153,7 +197,7 @@ def parse_call(tensors: Mapping[str, np.ndarray], *, exclude_input_default: bool
     if _scalar(tensors, "num_return_sequences", 1, int) != 1:
         raise StandInError("num_return_sequences: only 1 is supported with beam width 1 here")
     top_k = _scalar(tensors, "runtime_top_k", 0, int)
-    top_p = _scalar(tensors, "runtime_top_p", 0.0, float)
+    top_p = max(_scalar(tensors, "runtime_top_p", 0.0, float), 0.0)  # <= 0: unset
     temperature = _scalar(tensors, "temperature", 1.0, float)
     sampling = top_k > 1 or (top_p > 0.0 and top_k != 1)
     if sampling and not temperature > 0:
@@ -218,13 +262,14 @@ class StandIn:
     (tensor dicts with the batch dimension) the real model would send for one request."""
 
     def __init__(self, engine, model, *, tokens_per_block: int = 32, max_draft_len: int = 16,
-                 exclude_input_in_output: bool = True, max_blocks: int = 4096):
+                 exclude_input_in_output: bool = True, max_blocks: int = 4096, limits: EngineLimits | None = None):
         self.engine = engine  # ReferenceEngine: greedy tokens
         self.model = model  # the same model's weights: logits for sampling
         self.vocab_size = int(engine.vocab_size)
-        self.max_draft_len = max_draft_len
+        self.limits = limits or EngineLimits(max_draft_len=max_draft_len, tokens_per_block=tokens_per_block)
+        self.max_draft_len = self.limits.max_draft_len
         self.exclude_input_default = exclude_input_in_output
-        self.cache = BlockCache(tokens_per_block, max_blocks)
+        self.cache = BlockCache(self.limits.tokens_per_block, max_blocks)
         self._lock = threading.Lock()
 
     # -- token generation ---------------------------------------------------------------
@@ -296,23 +341,34 @@ class StandIn:
 
     # -- responses -------------------------------------------------------------------------
     def respond(self, tensors: Mapping[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        arrival = time.time_ns()
         call = parse_call(tensors, exclude_input_default=self.exclude_input_default,
-                          max_draft_len=self.max_draft_len, vocab_size=self.vocab_size)
+                          max_draft_len=self.max_draft_len, vocab_size=self.vocab_size, limits=self.limits)
         with self._lock:  # one engine, one request at a time (the real one batches in flight)
+            scheduled = time.time_ns()
             reused = self.cache.reused(call.input_ids)
-            chunks = list(self.iterations(call))
+            chunks, first_token = [], 0
+            for chunk in self.iterations(call):
+                chunks.append(chunk)
+                first_token = first_token or time.time_ns()
+            last_token = time.time_ns()
             new_tokens = [t for chunk, _ in chunks for t in chunk]
             self.cache.store(call.input_ids + new_tokens)
         accepted = next((a for _, a in chunks if a is not None), 0)
         total = _blocks(len(call.input_ids) + len(new_tokens), self.cache.tokens_per_block)
-        figures = {
-            "kv_cache_reused_blocks": (reused, np.int32),
-            "kv_cache_alloc_new_blocks": (total - reused, np.int32),
-            "kv_cache_alloc_total_blocks": (total, np.int32),
-            "total_draft_tokens": (len(call.draft), np.int32),
-            "total_accepted_draft_tokens": (accepted, np.int32),
-            "acceptance_rate": (accepted / len(call.draft) if call.draft else 0.0, np.float32),
+        values = {
+            "kv_cache_reused_blocks": reused,
+            "kv_cache_alloc_new_blocks": total - reused,
+            "kv_cache_alloc_total_blocks": total,
+            "arrival_time_ns": arrival,
+            "first_scheduled_time_ns": scheduled,
+            "first_token_time_ns": first_token or last_token,
+            "last_token_time_ns": last_token,
+            "total_draft_tokens": len(call.draft),
+            "total_accepted_draft_tokens": accepted,
+            "acceptance_rate": accepted / len(call.draft) if call.draft else 0.0,
         }
+        figures = {name: (values[name], dtype) for name, dtype in PERF_OUTPUTS.items()}
         if call.streaming:
             pieces = [chunk for chunk, _ in chunks] or [[]]
         else:

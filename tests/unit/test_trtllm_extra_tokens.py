@@ -115,3 +115,59 @@ def test_more_than_gamma_plus_one_tokens_is_an_engine_fault():
     request = GenerationRequest(PROMPT, max_tokens=30, policy="fixed:wrong", max_draft_len=3)
     with pytest.raises(RuntimeError, match="engine returned 5 tokens"):
         run_to_completion(engine, decoder_for(engine).start(request))
+
+
+def test_the_throughput_reward_counts_the_extra_tokens_and_the_accepted_reward_does_not():
+    from banditspec.bandits.cost_model import CostModel
+    from banditspec.rewards import AcceptedLengthReward, ThroughputReward
+
+    cost = CostModel(5)
+    plain = cost.verify_seconds(1)
+    reward = ThroughputReward(cost, 4)
+    # a rejection at position 1 of 4; the engine decoded on to 5 tokens in 3 plain steps' time
+    assert reward(1, 4 * plain, tokens=5) == pytest.approx(5 / 4)
+    assert reward(1, 4 * plain) == pytest.approx(2 / 4)  # a target that stops at the correction
+    assert AcceptedLengthReward()(1, 4 * plain, tokens=5) == 2.0
+
+
+def test_the_cost_model_learns_the_verify_pass_apart_from_the_decode_on():
+    """The engine's first/last token times separate the verify pass from the plain steps
+    after it; without them the step teaches the verify curve nothing."""
+    import numpy as np
+
+    from banditspec.engine.tensor_codec import decode_result
+
+    answer = {
+        "output_ids": np.array([[[7, 8, 9, 10, 11]]], dtype=np.int32),
+        "sequence_length": np.array([[5]], dtype=np.int32),
+        "kv_cache_reused_blocks": np.array([[2]], dtype=np.int32),
+        "kv_cache_alloc_new_blocks": np.array([[1]], dtype=np.int32),
+        "first_token_time_ns": np.array([[1_000_000_000]], dtype=np.int64),
+        "last_token_time_ns": np.array([[1_030_000_000]], dtype=np.int64),
+    }
+    result = decode_result(answer, np.array([7, 99, 98, 97], dtype=np.int32))
+    assert result.num_accepted == 1 and result.decode_on_seconds == pytest.approx(0.030)
+    del answer["last_token_time_ns"]
+    assert decode_result(answer, np.array([7, 99, 98, 97], dtype=np.int32)).decode_on_seconds is None
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def observe(self, tokens, seconds, context=None):
+            self.calls.append((tokens, round(seconds, 6), context))
+
+        def observe_overhead(self, seconds):
+            pass
+
+    from banditspec.decoding import DecodingSession
+
+    session = DecodingSession.__new__(DecodingSession)
+    session._cost_model, session._rounds = Recorder(), None
+    session._bookkeep(4, 0.050, 0.060, 100, False, 3, 0.030)
+    assert session._cost_model.calls == [(5, 0.020, 100), (1, 0.010, 105)]
+    session._cost_model.calls.clear()
+    session._bookkeep(4, 0.050, 0.060, 100, False, 3, None)  # no timing: learn nothing
+    assert session._cost_model.calls == []
+    session._bookkeep(4, 0.050, 0.060, 100, False)  # no extra tokens: the whole call is the verify pass
+    assert session._cost_model.calls == [(5, 0.050, 100)]

@@ -38,9 +38,8 @@ def test_greedy_unless_top_k_or_top_p(extra, sampling):
     assert call(**extra).sampling is sampling
 
 
-def test_defaults_and_input_lengths():
-    c = parse_call(tensors(ids=(5, 6, 7, 0, 0)) | {"input_lengths": np.array([[3]], dtype=np.int32)},
-                   exclude_input_default=True, max_draft_len=4, vocab_size=VOCAB)
+def test_defaults():
+    c = parse_call(tensors(ids=(5, 6, 7)), exclude_input_default=True, max_draft_len=4, vocab_size=VOCAB)
     assert c.input_ids == [5, 6, 7] and c.seed == 0 and c.end_id == -1 and c.temperature == 1.0
     assert c.exclude_input and not c.streaming and not c.perf_metrics
 
@@ -52,9 +51,8 @@ def test_declared_inputs_it_does_not_use_are_ignored():
 
 
 @pytest.mark.parametrize("extra, field", [
-    ({"input_lengths": [[9]]}, "input_lengths"),
     ({"request_output_len": [[0]]}, "request_output_len"),
-    ({"draft_input_ids": [[1, 2, 3, 4, 5]]}, "draft_input_ids"),
+    ({"draft_input_ids": [[1, 2, 3, 4, 5]]}, "Draft tokens length"),
     ({"draft_input_ids": [[1, 200]]}, "draft_input_ids"),
     ({"beam_width": [[2]]}, "beam_width"),
     ({"runtime_top_k": [[5]], "temperature": [[0.0]]}, "temperature"),
@@ -62,7 +60,7 @@ def test_declared_inputs_it_does_not_use_are_ignored():
 def test_bad_requests_name_the_input(extra, field):
     with pytest.raises(StandInError, match=f"^{field}"):
         call(**extra)
-    with pytest.raises(StandInError, match="^input_ids"):
+    with pytest.raises(StandInError, match="^input_ids or encoder_input_features is not present"):
         parse_call({"input_lengths": np.array([[1]])}, exclude_input_default=True, max_draft_len=4, vocab_size=VOCAB)
 
 

@@ -316,6 +316,7 @@ def decode_result(tensors: Mapping[str, np.ndarray], draft_ids: np.ndarray) -> V
             hidden_states=hidden,
             kv_cache_reused_blocks=_optional_int(tensors, "kv_cache_reused_blocks"),
             kv_cache_alloc_new_blocks=_optional_int(tensors, "kv_cache_alloc_new_blocks"),
+            decode_on_seconds=decode_on_seconds(tensors),
         )
     return VerifyResult(output_ids=out, num_accepted=accepted, hidden_states=hidden)
 
@@ -325,6 +326,15 @@ def _optional_int(tensors: Mapping[str, np.ndarray], name: str) -> int | None:
     if value is None or np.asarray(value).size == 0:
         return None
     return int(np.asarray(value).reshape(-1)[0])
+
+
+def decode_on_seconds(tensors: Mapping[str, np.ndarray]) -> float | None:
+    """Engine time after the verify iteration (first to last token, from the backend's own
+    INT64 timing points); None when either is missing or they are out of order."""
+    first, last = _optional_int(tensors, "first_token_time_ns"), _optional_int(tensors, "last_token_time_ns")
+    if first is None or last is None or first <= 0 or last < first:
+        return None
+    return (last - first) / 1e9
 
 
 def restore_end_id(answer: Mapping[str, np.ndarray], requested: int, end_id: int) -> Tensors:

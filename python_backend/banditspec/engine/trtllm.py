@@ -15,8 +15,9 @@ upstream table is written down in ``tests/trtllm_standin/contract.json``):
   request's seed and the sequence length, which is reproducible and stateless.
 * After a draft the engine keeps decoding until ``request_output_len`` tokens (or EOS), so an
   answer may hold more than accepted + 1 tokens (see ``VerifyResult``).
-* Per-request KV-cache figures (``kv_cache_reused_blocks`` …) come back only when the request
-  sets ``return_perf_metrics``.
+* With ``return_perf_metrics`` the backend writes ten per-request figures, requested or not
+  (so the target's config declares all ten); the controller reads the KV-cache blocks and the
+  first/last token times (how long the decode-on after the verify iteration took).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ TRTLLM_EXTRA_INPUTS: dict[str, tuple[str, list[int]]] = {
 TRTLLM_PERF_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "kv_cache_reused_blocks": ("TYPE_INT32", [1]),
     "kv_cache_alloc_new_blocks": ("TYPE_INT32", [1]),
+    # ns since the epoch: the first token ends the verify iteration, the last the decode-on
+    "first_token_time_ns": ("TYPE_INT64", [1]),
+    "last_token_time_ns": ("TYPE_INT64", [1]),
 }
 
 
@@ -54,7 +58,11 @@ class TrtllmVerifyResult(VerifyResult):
 
     kv_cache_reused_blocks:    blocks of this call's input found in the KV cache (not recomputed)
     kv_cache_alloc_new_blocks: blocks the call had to allocate (and compute)
+    decode_on_seconds:         engine time of the tokens after the verify iteration
     """
 
     kv_cache_reused_blocks: int | None = None
     kv_cache_alloc_new_blocks: int | None = None
+    # engine time after the verify iteration (last_token_time_ns - first_token_time_ns): the
+    # plain steps that produced the tokens past accepted + 1; None when not returned
+    decode_on_seconds: float | None = None
