@@ -32,6 +32,12 @@ from typing import Mapping
 from banditspec.paths import REPO_ROOT, cache_dir
 
 SOURCE_REPOSITORY = REPO_ROOT / "model_repository"
+# The Python backend's stub runs an isolated interpreter (Triton 2.51: sys.flags.isolated, so
+# PYTHONPATH is ignored): it finds the core through the virtual environment's installed copy,
+# whichever checkout that was installed from. Its model directory is on its sys.path before
+# that copy is consulted, so a link there to this checkout's core makes the server run the
+# code of the checkout that rendered the repository.
+CORE_PACKAGE = REPO_ROOT / "python_backend" / "banditspec"
 
 
 def pytriton_dir() -> Path:
@@ -101,6 +107,8 @@ def render_repository(overrides: Mapping[str, Mapping[str, str]], source: Path =
     out = Path(tempfile.mkdtemp(prefix="repo-", dir=base))
     for model_dir in sorted(p for p in source.iterdir() if (p / "config.pbtxt").exists()):
         shutil.copytree(model_dir, out / model_dir.name, ignore=shutil.ignore_patterns("__pycache__"))
+        if CORE_PACKAGE.is_dir() and (out / model_dir.name / "1" / "model.py").exists():
+            (out / model_dir.name / CORE_PACKAGE.name).symlink_to(CORE_PACKAGE, target_is_directory=True)
         config = out / model_dir.name / "config.pbtxt"
         if model_dir.name in overrides:
             config.write_text(set_parameters(config.read_text(), overrides[model_dir.name]))
