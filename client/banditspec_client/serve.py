@@ -255,6 +255,13 @@ class _OutputTail:
         return errors[-1].strip() if errors else ""
 
 
+def warm_from_metrics(text: str) -> bool:
+    """Whether every ``nv_banditspec_ready`` series in a metrics page says 1; True when there
+    is none (metrics turned off: Triton's readiness is all there is to go by)."""
+    values = [line.rsplit(" ", 1)[-1] for line in text.splitlines() if line.startswith("nv_banditspec_ready{")]
+    return all(float(v) == 1.0 for v in values)
+
+
 class TritonServer:
     """A tritonserver process serving this project's models; a context manager.
 
@@ -381,11 +388,33 @@ class TritonServer:
         raise RuntimeError(f"tritonserver exited with code {code} (log: {self.log_path}){': ' + detail if detail else ''}")
 
     def is_ready(self) -> bool:
+        """Triton says ready, and the banditspec model is calibrated and warm (its
+        ``nv_banditspec_ready`` gauge; see :meth:`wait_ready`)."""
+        return self._triton_ready() and self._warm()
+
+    def _triton_ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
+
+    def _warm(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=2) as r:
+                return warm_from_metrics(r.read().decode("utf-8", "replace"))
+        except OSError:
+            return False
+
+    def _warm_up(self) -> None:
+        """The model's first request, which calibrates it and warms it up before it decodes
+        (Triton allows a Python model to call another only from a request)."""
+        from banditspec_client.triton_client import GenerationOptions, generate_grpc
+
+        try:
+            generate_grpc(self.grpc_url, "warm-up", GenerationOptions(max_tokens=1, policy="vanilla"))
+        except Exception as exc:  # the gauge is what tells; a failure here is in the log
+            print(f"tritonserver: warm-up request failed: {exc}", file=sys.stderr, flush=True)
 
     def wait_ready(self, timeout: float = 600, cancel: threading.Event | None = None) -> None:
         """Until ready (returns), ``cancel`` is set (returns), the time is up (TimeoutError)
@@ -399,6 +428,8 @@ class TritonServer:
             if self.process.poll() is not None:
                 self._failed_start()  # returns when it started again on a fresh port
                 continue
+            if self._triton_ready() and not self._warm():
+                self._warm_up()
             if self.is_ready():
                 self._ports_fixed = True
                 if self.watch is not None:  # remember the stubs and their regions while they live; a death

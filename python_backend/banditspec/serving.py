@@ -13,15 +13,16 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from banditspec.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused, AdmissionSnapshot
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, GenerationRequest
 from banditspec.decoder import SpeculativeDecoder
 from banditspec.decoding import generate
 from banditspec.engine.contract import Engine
-from banditspec.errors import BanditSpecValidationError, EngineError
+from banditspec.errors import BanditSpecValidationError, EngineError, retry_after_message
 from banditspec.outcomes import (  # how a request ended (Controller.on_request_done)
     OUTCOME_BUSY,
     OUTCOME_CANCELLED,
@@ -99,6 +100,15 @@ INPUT_KINDS: dict[str, str] = {
 }
 REQUIRED_INPUTS = ("text_input", "max_tokens")
 
+# Controller.prepare's warm-up requests: a prompt through the chat template, a few tokens each.
+WARM_UP_PROMPT = "Write a Python function that returns the sum of a list of numbers."
+WARM_UP_TOKENS = 16
+
+
+def _warm_up_policies(default: str) -> tuple[str, ...]:
+    """Plain decoding and the default policy (once when they are the same)."""
+    return tuple(dict.fromkeys(("vanilla", default)))
+
 
 @dataclass(frozen=True)
 class ServingDefaults:
@@ -110,6 +120,11 @@ class ServingDefaults:
     reward: str = "accepted"
     chat_template: bool = True
     max_concurrent_sequences: int = 8
+    max_queue_size: int = 32  # requests waiting for a sequence slot beyond max_concurrent_sequences
+    max_queue_wait_s: float = 60.0  # the longest one waits before it is refused
+
+    def admission_limits(self) -> AdmissionLimits:
+        return AdmissionLimits(self.max_concurrent_sequences, self.max_queue_size, self.max_queue_wait_s)
 
 
 def _one(name: str, value: np.ndarray) -> Any:
@@ -240,23 +255,32 @@ class Controller:
                  calibrate: Callable[[], None] | None = None):
         """calibrate: times the target once, before the first request decodes (the cost
         model's verify curve: without it the controller starts from a prior slope and, choosing
-        short drafts because of it, rarely observes the long ones that would correct it)."""
+        short drafts because of it, rarely observes the long ones that would correct it);
+        :meth:`prepare` runs it."""
         self.decoder = decoder
         self.engine = engine
         self.tokenizer = tokenizer
         self.defaults = defaults
         self._calibrate = calibrate
-        self._calibrate_lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(defaults.max_concurrent_sequences)
+        self._prepare_lock = threading.Lock()
+        self.admission = AdmissionQueue(defaults.admission_limits(), on_change=self._queue_changed)
+        self.ready = threading.Event()  # set once calibrated and warmed up (prepare)
         self._active = 0
         self._active_lock = threading.Lock()
         # Observability hooks (metrics); a hook that raises is logged, never fails a request.
         self.on_step: Callable | None = None  # (StepEvent) -> None, every decoding step
         self.on_active: Callable[[int], None] | None = None  # (sequences in flight) on every change
+        self.on_queue: Callable[[int], None] | None = None  # (requests waiting for a slot) on every change
+        # (seconds a request waited for a slot, how the wait ended: "admitted" | "cancelled" | "expired")
+        self.on_queue_wait: Callable[[float, str], None] | None = None
         # (outcome: one of OUTCOMES, the request's SpeculationStats or None when it never started)
         self.on_request_done: Callable | None = None
         # () just before a request's final response (the observer exports what its steps left queued)
         self.on_final_response: Callable[[], None] | None = None
+        self.on_ready: Callable[[], None] | None = None  # () once, when ready is set
+
+    def _queue_changed(self, snapshot: AdmissionSnapshot) -> None:
+        self._notify(self.on_queue, snapshot.queued)
 
     def _change_active(self, delta: int) -> None:
         """Count a sequence in or out and publish the count. Published under the lock, so
@@ -315,38 +339,76 @@ class Controller:
             sink.fail("internal", f"could not prepare the request ({type(exc).__name__})")
             self._notify(self.on_request_done, OUTCOME_INTERNAL, None)
             return
-        if not self._slots.acquire(blocking=False):
-            sink.fail(
-                "unavailable",
-                f"server busy: {self.defaults.max_concurrent_sequences} sequences in flight "
-                "(max_concurrent_sequences); retry later",
-            )
+        if not self.ready.is_set():
+            self.prepare()
+        waited_from = time.monotonic()
+        try:
+            slot = self.admission.acquire(sink.is_cancelled)
+        except AdmissionRefused as exc:
+            session.cancel()
+            if exc.reason == "wait_expired":
+                self._notify(self.on_queue_wait, time.monotonic() - waited_from, "expired")
+            sink.fail("unavailable", retry_after_message(str(exc), exc.retry_after_s))
             self._notify(self.on_request_done, OUTCOME_BUSY, None)
             return
+        if slot is None:  # the client went away while waiting
+            session.cancel()
+            self._notify(self.on_queue_wait, time.monotonic() - waited_from, "cancelled")
+            self._notify(self.on_request_done, OUTCOME_CANCELLED, session.stats)
+            return
+        self._notify(self.on_queue_wait, slot.waited_s, "admitted")
         self._change_active(+1)
         outcome = OUTCOME_INTERNAL
         try:
-            self._calibrate_once()
             info = {"compat": compat, "prompt_tokens": len(request.prompt_ids), "arrival_ns": arrival_ns}
             outcome = self._run(session, stream, sink, info)
         finally:
             self._change_active(-1)
-            self._slots.release()
+            slot.release()
             self._notify(self.on_request_done, outcome, session.stats)
 
-    def _calibrate_once(self) -> None:
-        """Run ``calibrate`` once (the first request waits for it, ~4 s on a 2-core CPU); a failure is
-        logged and the cost model goes on learning online from the prior."""
-        if self._calibrate is None:
-            return
-        with self._calibrate_lock:
-            calibrate, self._calibrate = self._calibrate, None
-            if calibrate is None:
+    def prepare(self, policies: Sequence[str] | None = None) -> None:
+        """What would otherwise slow a fresh server's first requests, done once: the cost
+        model's calibration, then one short request per policy in ``policies`` (default: plain
+        decoding and the default policy) so that the target's, the drafters' and the
+        tokenizer's first calls are behind us; then ``ready``. The first request runs it before
+        it decodes (`banditspec serve` sends one before it says it is ready); requests that come
+        meanwhile wait for it. Warm-up requests take no slot and reach no metric; what the
+        controller learns from them is what it learns from any request (the target's real
+        timings and acceptance). Never raises: what fails is logged, and the cost model learns
+        online from its prior."""
+        with self._prepare_lock:
+            if self.ready.is_set():
                 return
-            try:
-                calibrate()
-            except Exception:
-                log.exception("calibrating the cost model failed; it learns online from its prior")
+            if self._calibrate is not None:
+                try:
+                    self._calibrate()
+                except Exception:
+                    log.exception("calibrating the cost model failed; it learns online from its prior")
+            for policy in policies if policies is not None else _warm_up_policies(self.defaults.policy):
+                try:
+                    self._warm_up(policy)
+                except Exception:
+                    log.exception("warm-up with policy %s failed", policy)
+            self.mark_ready()
+
+    def _warm_up(self, policy: str) -> None:
+        request = parse_inputs(
+            {"text_input": np.array([WARM_UP_PROMPT.encode()], dtype=np.object_),
+             "max_tokens": np.array([WARM_UP_TOKENS], dtype=np.int32),
+             "policy": np.array([policy.encode()], dtype=np.object_)},
+            self.defaults, vocab_size=self.decoder.vocab_size, eos_id=self.decoder.eos_id,
+            max_draft_len_limit=self.decoder.limits.max_draft_len,
+        ).generation_request(self.tokenizer)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        for event in generate(self.engine, self.decoder.start(request)):
+            detok.push(event.new_token_ids, final=event.finished)
+
+    def mark_ready(self) -> None:
+        """Say that the controller serves at speed from now on (``ready``, ``on_ready``)."""
+        if not self.ready.is_set():
+            self.ready.set()
+            self._notify(self.on_ready)
 
     def _run(self, session, stream: bool, sink: ResponseSink, info: dict | None = None) -> str:
         """Decode ``session`` to the end, streaming through ``sink``; returns the outcome."""

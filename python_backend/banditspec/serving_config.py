@@ -21,6 +21,8 @@ from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, REWARD_CHOI
 from banditspec.errors import BanditSpecValidationError
 
 TARGET_KINDS = ("reference", "tensorrtllm")
+# The default admission queue holds this many waiting requests per sequence slot.
+QUEUE_PER_SEQUENCE = 4
 
 
 def model_parameters(args: Mapping[str, str]) -> dict[str, str]:
@@ -96,6 +98,11 @@ class ServingConfig:
     default_reward: str = "accepted"
     chat_template: bool = True
     max_concurrent_sequences: int = 8
+    # Requests beyond max_concurrent_sequences wait (first come, first served) in a queue of
+    # max_queue_size (default 4 x max_concurrent_sequences) for at most max_queue_wait_s;
+    # only a full queue or an expired wait is refused, with a retry-after (banditspec.admission).
+    max_queue_size: int = 32
+    max_queue_wait_s: float = 60.0
     limits: Limits = field(default_factory=lambda: Limits(max_prompt_tokens=1536))
     drafter_deadline_s: float = 0.5
     gamma_controller: str = "off"  # off | ucb | fixed:<K> (banditspec.gamma_controller.budgets)
@@ -120,6 +127,7 @@ class ServingConfig:
             raise BanditSpecValidationError("target_kind", f"must be one of {TARGET_KINDS}")
         datastore = p.text("rest_datastore", "default")
         default_reward = p.text("default_reward", "accepted")
+        max_concurrent = p.integer("max_concurrent_sequences", 8, low=1)
         if default_reward not in REWARD_CHOICES:
             raise BanditSpecValidationError("default_reward", f"unknown reward {default_reward!r}; choose from {REWARD_CHOICES}")
         return cls(
@@ -140,7 +148,10 @@ class ServingConfig:
             default_max_draft_len=p.integer("default_max_draft_len", DEFAULT_MAX_DRAFT_LEN),
             default_reward=default_reward,
             chat_template=p.flag("chat_template", True),
-            max_concurrent_sequences=p.integer("max_concurrent_sequences", 8, low=1),
+            max_concurrent_sequences=max_concurrent,
+            max_queue_size=p.integer("max_queue_size", 0, low=0) if p.text("max_queue_size", "").strip()
+            else QUEUE_PER_SEQUENCE * max_concurrent,  # "" or absent: the default
+            max_queue_wait_s=p.number("max_queue_wait_s", 60.0, low=0.001, unit=" of seconds"),
             limits=Limits(
                 max_tokens=p.integer("max_tokens_limit", 1024),
                 max_prompt_tokens=p.integer("max_prompt_tokens", 1536),

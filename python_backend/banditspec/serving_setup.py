@@ -91,6 +91,8 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
         reward=config.default_reward,
         chat_template=config.chat_template,
         max_concurrent_sequences=config.max_concurrent_sequences,
+        max_queue_size=config.max_queue_size,
+        max_queue_wait_s=config.max_queue_wait_s,
     )
     from banditspec.runtime import calibrate_cost_model
 

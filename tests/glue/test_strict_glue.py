@@ -3,8 +3,12 @@ returns to each request of a batch exactly what that request gets alone."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
+
+from banditspec.errors import parse_retry_after
 
 from tests.glue import fake_pb_utils
 from tests.glue.test_banditspec_model import CountingMock, config_args, load_model_module, request, stack  # noqa: F401
@@ -161,13 +165,20 @@ def test_the_banditspec_adapter_sends_unavailable_when_the_target_fails(stack, m
 
 def test_the_banditspec_adapter_sends_unavailable_when_busy(stack):  # noqa: F811
     model, _, _ = stack
-    limit = model.controller.defaults.max_concurrent_sequences
+    defaults = model.controller.defaults  # a full queue is refused: slots + queue + 3 requests
+    limit = defaults.max_concurrent_sequences + defaults.max_queue_size
     held = [request(stream=np.array([[True]]), max_tokens=1000) for _ in range(limit + 3)]
     for r in held:
         r.sender.cancelled = False
     model.execute(held)
+    deadline = time.monotonic() + 60
+    while sum(r.sender.done.is_set() for r in held) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the three beyond the queue are answered at once
+    for r in held:
+        r.sender.cancelled = True  # the rest leave: their slots and their places
     busy = []
     for r in held:
         assert r.sender.done.wait(60)
         busy += [c for c in _codes(r.sender) if c[1].startswith("server busy")]
+    assert len(busy) == 3 and all(parse_retry_after(message) for _, message in busy)
     assert busy and all(code == fake_pb_utils.TritonError.UNAVAILABLE for code, _ in busy)

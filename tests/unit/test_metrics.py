@@ -274,16 +274,17 @@ def test_controller_hooks_feed_stats_and_prometheus_consistently():
 
 
 def test_outcomes_busy_cancelled_and_a_failing_hook_does_not_fail_requests():
-    controller = make_controller(max_concurrent_sequences=1)
+    controller = make_controller(max_concurrent_sequences=1, max_queue_size=0)
+    controller.prepare()  # its warm-up requests are no requests: counted nowhere
     metrics = ServingMetrics().attach(controller)
     sink = RecordingSink(cancel_after=1)
     controller.handle(inputs(max_tokens=200, stream=np.array([[True]]), policy=text_array("vanilla")), sink)
-    controller._slots.acquire()  # occupy the only slot
+    slot = controller.admission.acquire()  # occupy the only slot
     try:
         busy = RecordingSink()
         controller.handle(inputs(), busy)
     finally:
-        controller._slots.release()
+        slot.release()
     assert busy.errors and busy.errors[0][0] == "unavailable"
     assert metrics.stats.snapshot().requests == {"cancelled": 1, "busy": 1}
 

@@ -151,26 +151,101 @@ def test_stop_words_cut_the_text():
     assert sink.sent[-1][1]["finish_reason"] == "stop"
 
 
-def test_concurrency_limit_rejects_with_unavailable():
+def _one_slot_busy(**defaults):
+    """A controller with one sequence slot, held by a request that decodes until ``gate`` is set."""
     gate = threading.Event()
 
-    class SlowEngine(MockEngine):
+    class GatedEngine(MockEngine):
         def verify(self, requests):
             gate.wait(5)
             return super().verify(requests)
 
-    controller, _ = make_controller(SlowEngine(vocab_size=257, eos_id=256), max_concurrent_sequences=1)
+    controller, engine = make_controller(GatedEngine(vocab_size=257, eos_id=256), max_concurrent_sequences=1, **defaults)
+    controller.prepare()  # its warm-up decodes: before the gate matters
     first = RecordingSink()
     worker = threading.Thread(target=controller.handle, args=(inputs(max_tokens=3), first))
     worker.start()
     while controller.active_sequences == 0:
         pass
+    return controller, engine, gate, first, worker
+
+
+def test_without_a_queue_a_request_beyond_the_slots_is_refused_with_a_retry_after():
+    from banditspec.errors import parse_retry_after
+
+    controller, _, gate, first, worker = _one_slot_busy(max_queue_size=0)
     second = RecordingSink()
     controller.handle(inputs(), second)
     gate.set()
     worker.join()
-    assert second.errors and second.errors[0][0] == "unavailable"
+    ((kind, message),) = second.errors
+    assert kind == "unavailable" and message.startswith("server busy") and parse_retry_after(message) >= 1
     assert first.sent and first.sent[-1][2]
+
+
+def test_a_request_beyond_the_slots_waits_its_turn_and_is_served():
+    controller, engine, gate, first, worker = _one_slot_busy(max_queue_size=4)
+    second = RecordingSink()
+    waiting = threading.Thread(target=controller.handle, args=(inputs(max_tokens=5), second))
+    waiting.start()
+    while controller.admission.snapshot().queued == 0:
+        pass
+    gate.set()
+    worker.join()
+    waiting.join(30)
+    assert not second.errors and second.text == expected_text(engine, "hello world", 5)
+    assert controller.admission.snapshot().active == 0 and controller.active_sequences == 0
+
+
+def test_an_expired_wait_is_refused_with_a_retry_after_and_the_request_counted_busy():
+    from banditspec.errors import parse_retry_after
+
+    controller, _, gate, _, worker = _one_slot_busy(max_queue_size=4, max_queue_wait_s=0.2)
+    outcomes, waits = [], []
+    controller.on_request_done = lambda outcome, stats: outcomes.append(outcome)
+    controller.on_queue_wait = lambda seconds, result: waits.append((result, seconds))
+    second = RecordingSink()
+    controller.handle(inputs(), second)
+    gate.set()
+    worker.join()
+    ((kind, message),) = second.errors
+    assert kind == "unavailable" and "max_queue_wait_s" in message and parse_retry_after(message) >= 1
+    assert outcomes[0] == "busy" and waits[0][0] == "expired" and waits[0][1] >= 0.2
+
+
+def test_a_request_cancelled_while_waiting_leaves_without_decoding():
+    controller, engine, gate, _, worker = _one_slot_busy(max_queue_size=4)
+    outcomes = []
+    controller.on_request_done = lambda outcome, stats: outcomes.append(outcome)
+    leaving = RecordingSink(cancel_after=0)  # its client went away
+    calls = engine.calls
+    controller.handle(inputs(), leaving)
+    assert not leaving.sent and not leaving.errors and outcomes == ["cancelled"]
+    assert controller.admission.snapshot().queued == 0
+    gate.set()
+    worker.join()
+    assert engine.calls > calls  # only the first request's steps
+    assert controller.admission.snapshot().active == 0
+
+
+def test_prepare_calibrates_and_warms_up_once_and_says_ready():
+    engine = MockEngine(vocab_size=257, eos_id=256, max_context=1024)
+    decoder = SpeculativeDecoder.for_engine(engine, {"right": ScriptedDrafter("right", oracle(engine, length_cap=3))})
+    calibrations = []
+    controller = Controller(decoder, engine, ByteTokenizer(), ServingDefaults(),
+                            calibrate=lambda: calibrations.append(engine.calls))
+    told = []
+    controller.on_ready = lambda: told.append(True)
+    assert not controller.ready.is_set()
+    controller.prepare()
+    assert controller.ready.is_set() and told == [True] and calibrations == [0]
+    warm_up_calls = engine.calls
+    assert warm_up_calls > 0  # the warm-up requests decoded through the target
+    sink = RecordingSink()
+    controller.handle(inputs(max_tokens=10), sink)
+    controller.prepare()
+    assert calibrations == [0] and told == [True]
+    assert not sink.errors and sink.text == expected_text(engine, "hello world", 10)
 
 
 def test_engine_failure_is_a_clear_error_not_a_hang():

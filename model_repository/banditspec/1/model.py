@@ -147,8 +147,17 @@ class TritonPythonModel:
             log_line=pb_utils.Logger.log_info if hasattr(pb_utils, "Logger") else None,
         )
         self.shutting_down = threading.Event()
-        workers = self.controller.defaults.max_concurrent_sequences + 4
+        # execute() returns at once (decoupled): each request runs on a thread of this pool,
+        # decoding or waiting in the admission queue, so the pool holds every slot and every
+        # place in the queue, plus a few threads that answer a full queue at once.
+        defaults = self.controller.defaults
+        workers = defaults.max_concurrent_sequences + defaults.max_queue_size + 4
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="banditspec")
+        # Calibration and warm-up need the target, and Triton 2.51 allows BLS calls only from a
+        # request ("BLS is only supported during the 'execute' function", and the server answers
+        # none before it is ready): the first request runs them (Controller.prepare) before it
+        # decodes, and the nv_banditspec_ready gauge says 0 until they are done. `banditspec
+        # serve` sends that first request itself and is not ready before the gauge is 1.
         if config.gc_freeze:
             freeze_heap()
 

@@ -63,6 +63,11 @@ class ServingMetrics:
         """Install this observer's methods as ``controller``'s hooks."""
         controller.on_step = self.on_step
         controller.on_active = self.on_active
+        controller.on_queue = self.on_queue
+        controller.on_queue_wait = self.on_queue_wait
+        controller.on_ready = self.on_ready
+        if getattr(controller, "ready", None) is not None and controller.ready.is_set():
+            self.on_ready()
         controller.on_request_done = self.on_request_done
         controller.on_final_response = self.flush
         return self
@@ -99,6 +104,18 @@ class ServingMetrics:
         self.stats.set_active(sequences)
         if self.exporter is not None:
             self.exporter.set_active(sequences)
+
+    def on_queue(self, requests: int) -> None:
+        if self.exporter is not None:
+            self.exporter.set_queued(requests)
+
+    def on_queue_wait(self, seconds: float, result: str) -> None:
+        if self.exporter is not None:
+            self.exporter.record_queue_wait(seconds, result)
+
+    def on_ready(self) -> None:
+        if self.exporter is not None:
+            self.exporter.set_ready(True)
 
     def on_request_done(self, outcome: str, speculation_stats=None) -> None:
         """speculation_stats: the request's banditspec.results.SpeculationStats, or None."""

@@ -34,6 +34,7 @@ class MetricSpec:
     description: str
     kind: str  # COUNTER | GAUGE | HISTOGRAM
     labels: tuple[str, ...] = ()  # beyond model and version
+    buckets: tuple[float, ...] | None = None  # a histogram's own upper bounds (None: the registry's)
 
 
 REQUESTS = MetricSpec(
@@ -80,7 +81,27 @@ VERIFY_COST_CONTEXT = MetricSpec(
     GAUGE,
     ("term",),
 )
+QUEUED_REQUESTS = MetricSpec(
+    "nv_banditspec_queued_requests",
+    "Number of requests waiting for a sequence slot (max_concurrent_sequences all decoding)",
+    GAUGE,
+)
+QUEUE_WAIT = MetricSpec(
+    "nv_banditspec_queue_wait_seconds",
+    "Seconds a request waited for a sequence slot, by how the wait ended (admitted, cancelled, expired)",
+    HISTOGRAM,
+    ("result",),
+    (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0),
+)
+READY = MetricSpec(
+    "nv_banditspec_ready",
+    "Whether the model is calibrated and warmed up and serves at speed (1) or not yet (0)",
+    GAUGE,
+)
 SERVING_SPECS = (
+    READY,
+    QUEUED_REQUESTS,
+    QUEUE_WAIT,
     VERIFY_COST,
     VERIFY_COST_CONTEXT,
     REQUESTS,
@@ -134,7 +155,8 @@ class _Registry:
                     all_labels = {**self._base, **{name: str(labels[name]) for name in spec.labels}}
                     family = self._families[spec.name]
                     if spec.kind == HISTOGRAM:
-                        metric = family.Metric(labels=all_labels, buckets=list(self._buckets))
+                        buckets = spec.buckets if spec.buckets is not None else self._buckets
+                        metric = family.Metric(labels=all_labels, buckets=list(buckets))
                     else:
                         metric = family.Metric(labels=all_labels)
                     self._metrics[key] = metric
@@ -167,6 +189,8 @@ class PrometheusMetrics:
         for outcome in outcomes:  # zero-valued series, so that rates work from the first scrape
             self._registry.metric(REQUESTS, outcome=outcome)
         self._registry.metric(ACTIVE_SEQUENCES).set(0)
+        self._registry.metric(QUEUED_REQUESTS).set(0)
+        self._registry.metric(READY).set(0)
 
     def record_step(self, arm: str, drafted: int, accepted: int, emitted: int) -> None:
         self.record_steps([(arm, drafted, accepted, emitted)])
@@ -205,6 +229,18 @@ class PrometheusMetrics:
     def set_active(self, sequences: int) -> None:
         with self._lock:
             self._registry.metric(ACTIVE_SEQUENCES).set(sequences)
+
+    def set_queued(self, requests: int) -> None:
+        with self._lock:
+            self._registry.metric(QUEUED_REQUESTS).set(requests)
+
+    def record_queue_wait(self, seconds: float, result: str) -> None:
+        with self._lock:
+            self._registry.metric(QUEUE_WAIT, result=result).observe(seconds)
+
+    def set_ready(self, ready: bool) -> None:
+        with self._lock:
+            self._registry.metric(READY).set(1 if ready else 0)
 
     def set_cost_curve(self, verify_ms, context_ms_per_100=None) -> None:
         """verify_ms[k - 1]: the cost model's milliseconds for a round feeding k tokens;
