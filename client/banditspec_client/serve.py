@@ -255,11 +255,19 @@ class _OutputTail:
         return errors[-1].strip() if errors else ""
 
 
+def cold_models(text: str) -> list[str]:
+    """The models whose ``nv_banditspec_ready`` gauge in a metrics page says 0 (not yet
+    calibrated and warm); empty when every one says 1 or there is none (metrics turned off:
+    Triton's readiness is all there is to go by)."""
+    from banditspec_client.prometheus_text import parse_metrics
+
+    series = parse_metrics(text).get("nv_banditspec_ready", [])
+    return sorted({labels.get("model", "banditspec") for labels, value in series if value != 1.0})
+
+
 def warm_from_metrics(text: str) -> bool:
-    """Whether every ``nv_banditspec_ready`` series in a metrics page says 1; True when there
-    is none (metrics turned off: Triton's readiness is all there is to go by)."""
-    values = [line.rsplit(" ", 1)[-1] for line in text.splitlines() if line.startswith("nv_banditspec_ready{")]
-    return all(float(v) == 1.0 for v in values)
+    """Whether every ``nv_banditspec_ready`` series in a metrics page says 1 (see :func:`cold_models`)."""
+    return not cold_models(text)
 
 
 class TritonServer:
@@ -399,22 +407,29 @@ class TritonServer:
         except OSError:
             return False
 
-    def _warm(self) -> bool:
+    def _metrics_text(self) -> str | None:
         try:
             with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=2) as r:
-                return warm_from_metrics(r.read().decode("utf-8", "replace"))
+                return r.read().decode("utf-8", "replace")
         except OSError:
-            return False
+            return None
+
+    def _warm(self) -> bool:
+        text = self._metrics_text()
+        return text is not None and warm_from_metrics(text)
 
     def _warm_up(self) -> None:
-        """The model's first request, which calibrates it and warms it up before it decodes
-        (Triton allows a Python model to call another only from a request)."""
+        """Each cold banditspec model's first request, which calibrates it and warms it up
+        before it decodes (Triton allows a Python model to call another only from a request);
+        a repository may serve several (a benchmark's private copies)."""
         from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
-        try:
-            generate_grpc(self.grpc_url, "warm-up", GenerationOptions(max_tokens=1, policy="vanilla"))
-        except Exception as exc:  # the gauge is what tells; a failure here is in the log
-            print(f"tritonserver: warm-up request failed: {exc}", file=sys.stderr, flush=True)
+        text = self._metrics_text()
+        for model in cold_models(text) if text is not None else []:
+            try:
+                generate_grpc(self.grpc_url, "warm-up", GenerationOptions(max_tokens=1, policy="vanilla"), model_name=model)
+            except Exception as exc:  # the gauge is what tells; a failure here is in the log
+                print(f"tritonserver: warm-up request to {model} failed: {exc}", file=sys.stderr, flush=True)
 
     def wait_ready(self, timeout: float = 600, cancel: threading.Event | None = None) -> None:
         """Until ready (returns), ``cancel`` is set (returns), the time is up (TimeoutError)

@@ -77,6 +77,7 @@ def limits_server():
             "drafter_plugin": FAULT_PLUGIN,
             "drafter_deadline_ms": "3000",
             "max_concurrent_sequences": "2",
+            "max_queue_size": "1",
             "max_prompt_tokens": "48",
             "max_tokens_limit": "64",
             "max_stop_words": "2",
@@ -202,7 +203,8 @@ def test_an_unavailable_target_fails_clearly_without_hanging():
     same (docs/reliability.md, "Status codes": upstream computes the status from an error it has
     already freed); this test says when that changes."""
     server = start_server("no-target", banditspec={"target_name": "no_such_model", "drafters": "pld", "retry_after_s": "7"})
-    try:
+    try:  # start-up's warm-up request has already met the missing target: count from here
+        before = metric_total(metrics(server), "nv_banditspec_requests", outcome="target_error")
         for call in (generate_grpc, generate_http):
             started = time.monotonic()
             with pytest.raises(TritonError) as failure:
@@ -218,7 +220,7 @@ def test_an_unavailable_target_fails_clearly_without_hanging():
             urllib.request.urlopen(request, timeout=60)
         assert answer.value.code == 400, "Triton's /generate now keeps the model's status: update docs/reliability.md"
         assert healthy(server)
-        assert metric_total(metrics(server), "nv_banditspec_requests", outcome="target_error") == 3
+        assert metric_total(metrics(server), "nv_banditspec_requests", outcome="target_error") == before + 3
         assert metric_total(metrics(server), "nv_banditspec_active_sequences") == 0
     finally:
         server.stop()
@@ -311,17 +313,24 @@ def test_limits_from_configuration_are_enforced_with_clear_errors(limits_server,
     assert generate_grpc(limits_server.grpc_url, "Hi.", GenerationOptions(max_tokens=8)).text == reference.text("Hi.", 8)
 
 
-def test_the_concurrent_sequence_limit_rejects_with_busy(limits_server, reference):
+def test_beyond_the_sequence_limit_a_request_queues_and_a_full_queue_refuses_with_busy(limits_server, reference):
     # fixed:fault_hang: each request's first step waits the 3 s deadline, holding its slot
     opts = GenerationOptions(max_tokens=8, policy="fixed:fault_hang")
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         holders = [pool.submit(generate_grpc, limits_server.grpc_url, "Hi.", opts) for _ in range(2)]
         time.sleep(1.0)
-        with pytest.raises(TritonError) as failure:
+        queued = pool.submit(generate_grpc, limits_server.grpc_url, "Hi.", GenerationOptions(max_tokens=8))
+        time.sleep(0.5)
+        assert not queued.done()  # both slots are held: it waits in the queue (max_queue_size 1) ...
+        with pytest.raises(TritonError) as failure:  # ... and the queue is full: refused at once
             generate_grpc(limits_server.grpc_url, "Hi.", GenerationOptions(max_tokens=8))
         held = [h.result(60) for h in holders]
-    assert str(failure.value).startswith("server busy") and "max_concurrent_sequences" in str(failure.value)
+        waited = queued.result(60)  # ... and is served once a slot frees
+    message = str(failure.value)
+    assert message.startswith("server busy") and "max_concurrent_sequences" in message, message
+    assert parse_retry_after(message) is not None, message
     assert all(r.text == reference.text("Hi.", 8) for r in held)
+    assert waited.text == reference.text("Hi.", 8)
     wait_idle(limits_server)
     assert generate_grpc(limits_server.grpc_url, "Hi.", GenerationOptions(max_tokens=8)).text == reference.text("Hi.", 8)
 

@@ -92,9 +92,19 @@ class Served:
         except OSError:
             return None
 
+    def openai_up(self) -> bool:
+        """The OpenAI API answers (serve starts it once tritonserver is ready and warm); True without one."""
+        if self.openai_port is None:
+            return True
+        try:
+            with urllib.request.urlopen(f"http://localhost:{self.openai_port}/v1/models", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
     def wait_ready(self, timeout: float) -> float:
         started = time.monotonic()
-        while self.ready() != 200 or len(self.stubs()) < 3:
+        while self.ready() != 200 or len(self.stubs()) < 3 or not self.openai_up():
             assert self.process.poll() is None, f"banditspec serve exited with {self.process.returncode}"
             assert time.monotonic() - started < timeout, f"not ready after {timeout} s (log {self.log})"
             time.sleep(0.2)

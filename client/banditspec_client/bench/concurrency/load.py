@@ -194,8 +194,8 @@ class OpenAIStreamClient(Client):
         body: dict[str, Any] = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
                                 "max_tokens": opts.max_tokens, "stream": True,
                                 "stream_options": {"include_usage": True}}
-        if opts.temperature is not None:
-            body["temperature"] = opts.temperature
+        # the OpenAI API samples at temperature 1 when none is sent: greedy must say 0
+        body["temperature"] = opts.temperature if opts.temperature is not None else 0.0
         if opts.seed is not None:
             body["seed"] = opts.seed
         if opts.policy is not None:
