@@ -4,7 +4,8 @@
 #                                 real-model losslessness suite, the integration tests against a real
 #                                 tritonserver (short fuzzing); <= 15 minutes on 2 cores
 #   bash scripts/test.sh --long   the long-form checks (docs/reliability.md, "Long-form checks"): the
-#                                 tests marked `long` (the soak, 1000 requests), fuzzing at length (3000
+#                                 tests marked `long` (the soak with 1000 requests, losslessness on every
+#                                 prompt, the eagle stub's crash variants), fuzzing at length (3000
 #                                 random examples per target) and a mutation run of the core's config
 # Further arguments go to pytest (the fast form) or to both pytest runs (--long).
 set -euo pipefail

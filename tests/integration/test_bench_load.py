@@ -16,15 +16,15 @@ pytestmark = pytest.mark.integration
 
 def test_a_small_sweep_through_both_transports(tmp_path: Path):
     out = tmp_path / "load"
-    command = [sys.executable, "-m", "banditspec_client.cli", "bench-load", "--model", "tiny", "--concurrency", "1,2",
-               "--prompts", "3", "--max-tokens", "8", "--methods", "vanilla,pld@4,default", "--no-progress",
+    command = [sys.executable, "-m", "banditspec_client.cli", "bench-load", "--model", "tiny", "--concurrency", "2",
+               "--prompts", "3", "--max-tokens", "8", "--methods", "vanilla,default", "--no-progress",
                "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     rows = report["rows"]
     assert {(r["transport"], r["concurrency"], r["method"]) for r in rows} == {
-        (t, c, m) for t in ("triton", "openai") for c in (1, 2) for m in ("vanilla", "pld@4", "default")}
+        (t, 2, m) for t in ("triton", "openai") for m in ("vanilla", "default")}
     for row in rows:
         assert row["requests"] == 2 * row["concurrency"]  # two requests a stream
         assert row["failed"] == 0, row["errors"]

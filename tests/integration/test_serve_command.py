@@ -421,6 +421,7 @@ def _in_flight_fail_then_the_server_restarts(served, reference, model, sig, down
           + "; ".join(f"{at - killed:.1f} s {detail[:80]}" for _, at, detail in outcomes.values()))
 
 
+@pytest.mark.long  # the optional model's variant of the required stubs' checks above
 def test_a_dead_eagle_stub_lets_requests_finish_exactly_then_the_server_restarts(served, reference):
     threads, outcomes = _load(served, n_grpc=3, n_http=1, max_tokens=EAGLE_MAX_TOKENS)  # well within the 60 s drain
     old, killed, went_down, recovered = _kill_and_watch(served, "eagle")
@@ -617,6 +618,7 @@ def test_a_stopped_banditspec_stub_fails_in_flight_requests_then_the_server_rest
                                              down_within_s=3 * HANG_S)
 
 
+@pytest.mark.long  # the optional model's variant of the stopped target and banditspec checks above
 def test_a_stopped_idle_eagle_stub_is_found_by_its_probe_then_the_server_restarts(served_watching_hangs, reference):
     """No traffic reaches the stopped stub (idle server; the tiny model sends none to eagle): only
     the probe, sent after HANG_S without a completed execution, finds it."""

@@ -189,6 +189,7 @@ def eagle3_server():
         yield srv
 
 
+@pytest.mark.long  # an optional head with its own server; the default head runs through Triton above
 def test_the_eagle3_head_through_triton_is_lossless_and_drafts(eagle3_server, local_vanilla):
     """EAGLE-3 reads three target layers (hidden_states_layers through the target model) and
     drafts in the `eagle` model: outputs equal plain decoding, and its drafts are accepted."""

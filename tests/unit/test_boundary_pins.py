@@ -1,5 +1,5 @@
-"""Behaviours pinned against an independent expectation (issue 15, "tests that catch what
-they claim"): stop words where one is a prefix of another, or only a later one matches;
+"""Behaviours pinned against an independent expectation (tests that catch what
+they claim): stop words where one is a prefix of another, or only a later one matches;
 max_tokens at its limit and one past it; a boolean max_tokens through the library API."""
 
 from __future__ import annotations

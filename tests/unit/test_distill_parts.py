@@ -15,6 +15,7 @@ from banditspec_train.eagle.selfdistill import DistillSpec, chat_prompts, code_p
 from banditspec_train.eagle.train import split_validation
 
 
+@pytest.mark.long  # training tooling, not the serving path
 def test_part_k_is_the_kth_slice_of_the_seeded_lists():
     first, second = prompt_part(DistillSpec(chat_prompts=4, code_prompts=3)), prompt_part(
         DistillSpec(chat_prompts=4, code_prompts=3, part=1))

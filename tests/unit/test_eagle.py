@@ -648,6 +648,7 @@ def test_fp32_distillation_is_the_one_pass_answer(tiny):
         DistillSpec(precision="fp16")
 
 
+@pytest.mark.long  # training data tooling, not the serving path
 def test_code_prompts_come_from_stdlib_docstrings():
     from banditspec_train.eagle.selfdistill import code_prompts
 
@@ -669,6 +670,7 @@ def test_batch_queue_hands_out_each_batch_once_longest_first():
     assert queue.finished == 1
 
 
+@pytest.mark.long  # training tooling, not the serving path
 def test_two_distillation_workers_give_the_one_process_data(tmp_path):
     """Two processes claiming batches from one queue write every batch once, into shards, and
     the set equals what one process makes; a second call resumes from the shards alone."""

@@ -153,15 +153,17 @@ def test_stop_words_cut_the_text():
 
 def _one_slot_busy(**defaults):
     """A controller with one sequence slot, held by a request that decodes until ``gate`` is set."""
-    gate = threading.Event()
+    gate, armed = threading.Event(), threading.Event()
 
     class GatedEngine(MockEngine):
         def verify(self, requests):
-            gate.wait(5)
+            if armed.is_set():  # the warm-up's steps pass: the gate holds the test's request only
+                gate.wait(5)
             return super().verify(requests)
 
     controller, engine = make_controller(GatedEngine(vocab_size=257, eos_id=256), max_concurrent_sequences=1, **defaults)
-    controller.prepare()  # its warm-up decodes: before the gate matters
+    controller.prepare()  # its warm-up decodes before the gate is armed
+    armed.set()
     first = RecordingSink()
     worker = threading.Thread(target=controller.handle, args=(inputs(max_tokens=3), first))
     worker.start()
