@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # a benchmark command end to end
 
 
 def test_a_small_sweep_through_both_transports(tmp_path: Path):
     out = tmp_path / "load"
     command = [sys.executable, "-m", "banditspec_client.cli", "bench-load", "--model", "tiny", "--concurrency", "2",
-               "--prompts", "3", "--max-tokens", "8", "--methods", "vanilla,default", "--no-progress",
+               "--prompts", "3", "--max-tokens", "8", "--methods", "vanilla,default", "--min-requests", "1", "--no-progress",
                "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # a benchmark command end to end
 
 
 def test_multiturn_bench_plays_each_conversation_with_each_method_and_stays_lossless(tmp_path):

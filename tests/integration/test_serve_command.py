@@ -337,6 +337,30 @@ def _retry_hint(message: str) -> int | None:
     return parse_retry_after(message)
 
 
+def test_four_times_the_slots_in_streams_all_succeed_through_the_default_queue(served, reference):
+    """``banditspec serve`` with 8 sequence slots and the default queue (4 x the slots): 32
+    concurrent gRPC streams, the default policy, every one answered, none refused, each text
+    plain decoding's; the queue was used (admissions that waited more than 10 ms)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from banditspec_client.prometheus_text import metric_total, scrape_metrics
+
+    def waits(series) -> tuple[float, float]:  # (admitted, admitted within 10 ms)
+        return (metric_total(series, "nv_banditspec_queue_wait_seconds_count", result="admitted"),
+                metric_total(series, "nv_banditspec_queue_wait_seconds_bucket", result="admitted", le="0.01"))
+
+    before = waits(scrape_metrics(served.metrics_port))
+    opts = GenerationOptions(max_tokens=24, stream=True)
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        futures = [pool.submit(generate_grpc, served.grpc_url, PROMPTS[i % 2], opts, timeout=120) for i in range(32)]
+        results = [f.result(180) for f in futures]
+    assert [r.text for r in results] == [reference.text(PROMPTS[i % 2], 24) for i in range(32)]
+    after = scrape_metrics(served.metrics_port)
+    admitted, at_once = (a - b for a, b in zip(waits(after), before))
+    assert admitted == 32 and admitted - at_once >= 8, (admitted, at_once)  # many waited for a slot
+    assert metric_total(after, "nv_banditspec_requests", outcome="busy") == 0
+
+
 def test_a_dead_target_mid_stream_is_a_retryable_fault_for_every_client(served, reference):
     """SIGKILL the target while an OpenAI stream and gRPC streams run, and keep asking through the
     window (the failure, the restart, the recovery): the OpenAI API answers only 503 with an honest
@@ -602,6 +626,7 @@ def test_stopping_serve_is_clean_and_leaves_nothing(served):
 # --- a stub that hangs without dying (SIGSTOP): --hang-seconds ------------------------------
 
 
+@pytest.mark.long  # the hung banditspec stub below runs the same watch by default
 def test_a_stopped_target_stub_fails_in_flight_requests_then_the_server_restarts(served_watching_hangs, reference):
     """Triton's own health check fails requests to a stopped stub ("Stub process 'target_0_0' is
     not healthy") but keeps answering ready; the supervisor sees those backend failures, probes

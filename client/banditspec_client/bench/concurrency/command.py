@@ -149,6 +149,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=24, help="distinct prompts, cycled by the streams")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     parser.add_argument("--requests-per-stream", type=int, default=2, help="requests each stream sends per level (>= 2)")
+    parser.add_argument("--min-requests", type=int, default=24,
+                        help="at least this many requests a row: a level's streams send more when "
+                             "streams x --requests-per-stream falls short")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (outputs are checked against plain)")
     parser.add_argument("--seed", type=int, default=None, help="the requests' seed when sampling")
     parser.add_argument("--server-param", action="append", default=[], metavar="KEY=VALUE",
@@ -248,7 +251,8 @@ def run(args) -> int:
     settings = {
         "concurrency": levels, "methods": [m.name for m in methods], "transports": transports,
         "prompts": len(prompts), "prompt_source": source, "max_tokens": args.max_tokens,
-        "requests_per_stream": args.requests_per_stream, "temperature": args.temperature, "seed": args.seed,
+        "requests_per_stream": {level: _per_stream(args, level) for level in levels},
+        "min_requests": args.min_requests, "temperature": args.temperature, "seed": args.seed,
         "max_draft_len": server_params.get("default_max_draft_len", _repository_default("default_max_draft_len")),
         "torch_threads": args.torch_threads if args.torch_threads is not None else
         f"{_repository_default('torch_threads', 'target')} (the repository's default; 0: torch's own choice)",
@@ -314,7 +318,7 @@ async def _sweep(args, levels, methods, transports, prompts, urls, opts_for) -> 
                 short = GenerationOptions(max_tokens=4, stream=True, policy=method.policy)
                 await run_block(clients[transport], transport=transport, method=method.name, prompts=prompts,
                                 prompt_indices=[0], concurrency=1, requests_per_stream=1, opts=short)
-        total = sum(level * args.requests_per_stream for level in levels) * len(methods) * len(transports)
+        total = sum(level * _per_stream(args, level) for level in levels) * len(methods) * len(transports)
         bar = tqdm(total=total, unit="req", disable=args.no_progress, file=sys.stderr)
         for li, level in enumerate(levels):
             for transport in transports:
@@ -322,7 +326,7 @@ async def _sweep(args, levels, methods, transports, prompts, urls, opts_for) -> 
                     bar.set_description(f"{level} streams, {transport}, {method.name}")
                     block = await run_block(
                         clients[transport], transport=transport, method=method.name, prompts=prompts,
-                        prompt_indices=indices, concurrency=level, requests_per_stream=args.requests_per_stream,
+                        prompt_indices=indices, concurrency=level, requests_per_stream=_per_stream(args, level),
                         opts=opts_for[method.name], request_timeout_s=args.request_timeout_s,
                         on_request=lambda _: bar.update(1))
                     blocks.append(block)
@@ -335,6 +339,12 @@ async def _sweep(args, levels, methods, transports, prompts, urls, opts_for) -> 
         for client in clients.values():
             await client.close()
     return blocks
+
+
+def _per_stream(args, level: int) -> int:
+    """Requests each of a level's streams sends: --requests-per-stream, more when the row would
+    have fewer than --min-requests."""
+    return max(args.requests_per_stream, -(-args.min_requests // level))
 
 
 def _repository_default(key: str, model: str = "banditspec") -> str:

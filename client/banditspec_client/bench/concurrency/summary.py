@@ -27,6 +27,14 @@ def _ms(value: float | None) -> str:
     return fmt(None if value is None else 1e3 * value, "{:.0f}")
 
 
+def _per_level(value) -> str:
+    """Requests per stream: one number, or {level: number} (a level's streams send more to
+    reach the row's minimum)."""
+    if isinstance(value, dict):
+        return ", ".join(f"{n} at {level}" for level, n in value.items())
+    return str(value)
+
+
 def settings_lines(report: dict) -> list[str]:
     s = report["settings"]
     machine = report["machine"]
@@ -37,7 +45,7 @@ def settings_lines(report: dict) -> list[str]:
         f"- prompts: {s['prompts']} ({s['prompt_source']}); output tokens per request: {s['max_tokens']}; "
         f"L (max_draft_len): {s['max_draft_len']}; temperature: {s['temperature']}",
         f"- concurrency: {', '.join(map(str, s['concurrency']))}; requests per stream per level: "
-        f"{s['requests_per_stream']}; methods (interleaved): {', '.join(s['methods'])}; transports: "
+        f"{_per_level(s['requests_per_stream'])}; methods (interleaved): {', '.join(s['methods'])}; transports: "
         f"{', '.join(s['transports'])}",
         f"- server parameters: {s['server_params'] or 'the model repository defaults'}",
         f"- load generator: one asyncio loop in one process; its CPU time was "
