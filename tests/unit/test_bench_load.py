@@ -144,3 +144,12 @@ def test_the_report_states_the_settings_and_has_a_row_per_block(tmp_path: Path):
     written = write_report(report, tmp_path)
     assert [p.name for p in written] == ["results.md", "load-triton.png"] and written[1].stat().st_size > 10_000
     json.dumps(report)  # the results JSON
+
+
+def test_methods_that_learn_from_past_outputs_get_their_own_controller_model():
+    from banditspec_client.bench.concurrency.command import parse_methods
+
+    names = {m.name: m.model_name for m in parse_methods("vanilla,default,pld@4,suffix@4,costaware,eagle@4")}
+    assert names == {"vanilla": "banditspec", "pld@4": "banditspec", "eagle@4": "banditspec",
+                     "default": "banditspec_default", "suffix@4": "banditspec_suffix_4",
+                     "costaware": "banditspec_costaware"}

@@ -33,8 +33,10 @@ import platform
 import shlex
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -54,6 +56,21 @@ FIXED = ("pld", "suffix", "rest", "eagle", "copy")
 class LoadMethod:
     name: str
     policy: str | None  # None: the server's default
+
+    @property
+    def learns_from_outputs(self) -> bool:
+        """Whether its requests draw on the suffix drafter's trie of past outputs (the default and
+        the adaptive policies, whose arms include it, and the suffix arm): through Triton it gets
+        a private copy of the controller model, so what other methods generated on the same
+        prompts never drafts for it."""
+        return self.policy is None or self.policy in ADAPTIVE or self.name.partition("@")[0] == "suffix"
+
+    @property
+    def model_name(self) -> str:
+        """The controller model its Triton requests go to."""
+        if not self.learns_from_outputs:
+            return "banditspec"
+        return "banditspec_" + "".join(c if c.isalnum() else "_" for c in self.name)
 
 
 def parse_methods(text: str) -> list[LoadMethod]:
@@ -218,7 +235,8 @@ def run(args) -> int:
     from banditspec.paths import cache_dir
     from banditspec_client.bench.concurrency.summary import write_report
     from banditspec_client.bench.workloads import load_workload
-    from banditspec_client.serve import TritonServer
+    from banditspec_client.bench.through_triton import bench_repository
+    from banditspec_client.serve import SOURCE_REPOSITORY, TritonServer
 
     levels = _ints(args.concurrency)
     methods = parse_methods(args.methods)
@@ -240,10 +258,21 @@ def run(args) -> int:
         "target": {"cache_entries": str(2 * max(levels) + len(prompts))},
         "banditspec": dict(server_params),
     }
+    needed = sum(level * _per_stream(args, level) for level in levels)
+    if needed > len(prompts):
+        print(f"note: {needed} requests a method and {len(prompts)} prompts: prompts repeat across levels, "
+              f"which flatters methods that learn from past outputs (--prompts {needed} avoids it)",
+              file=sys.stderr, flush=True)
+    private = sorted({m.model_name for m in methods if m.learns_from_outputs}) if "triton" in transports else []
+    for name in private:
+        overrides[name] = {"target_model": args.model, **server_params}
+    workdir = Path(tempfile.mkdtemp(prefix="bench-load-repo-", dir=cache_dir()))
+    repository = bench_repository(SOURCE_REPOSITORY, private, workdir / "models")
     if args.torch_threads is not None:
         overrides["target"]["torch_threads"] = str(args.torch_threads)
     log = args.log_file or cache_dir() / "bench-load-tritonserver.log"
     server = TritonServer(model=args.model, http_port=0, grpc_port=0, metrics_port=0, overrides=overrides, log_path=log,
+                          source=repository,
                           extra_args=(f"--backend-config=python,thread-pool-size={args.bls_threads or 2 * max(levels) + 8}",))
     opts_for = {m.name: GenerationOptions(max_tokens=args.max_tokens, stream=True, policy=m.policy,
                                           temperature=args.temperature if args.temperature > 0 else None,
@@ -278,6 +307,7 @@ def run(args) -> int:
         if openai_process is not None:
             openai_process.terminate()
             openai_process.wait(30)
+        shutil.rmtree(workdir, ignore_errors=True)
     mismatches = mark_mismatches(blocks, args.temperature)
     for i, block in enumerate(blocks):
         row = block.summary()
@@ -301,10 +331,19 @@ def run(args) -> int:
 async def _sweep(args, levels, methods, transports, prompts, urls, opts_for) -> list[BlockResult]:
     from tqdm import tqdm
 
-    clients: dict[str, Client] = {}
+    clients: dict[str, Client] = {}  # by transport, and by "triton:<model>" for each controller model
     for transport in transports:
         clients[transport] = TritonStreamClient(urls["triton"]) if transport == "triton" else OpenAIStreamClient(urls["openai"])
         await clients[transport].start()
+    if "triton" in transports:
+        for method in methods:
+            key = f"triton:{method.model_name}"
+            if key not in clients:
+                clients[key] = TritonStreamClient(urls["triton"], model_name=method.model_name)
+                await clients[key].start()
+
+    def client_for(transport: str, method) -> Client:
+        return clients[f"triton:{method.model_name}"] if transport == "triton" else clients[transport]
     blocks: list[BlockResult] = []
     try:
         print(f"warming up: {len(prompts)} prompts into the prefix cache, one request per method ...",
@@ -316,17 +355,22 @@ async def _sweep(args, levels, methods, transports, prompts, urls, opts_for) -> 
         for transport in transports:
             for method in methods:
                 short = GenerationOptions(max_tokens=4, stream=True, policy=method.policy)
-                await run_block(clients[transport], transport=transport, method=method.name, prompts=prompts,
+                await run_block(client_for(transport, method), transport=transport, method=method.name, prompts=prompts,
                                 prompt_indices=[0], concurrency=1, requests_per_stream=1, opts=short)
         total = sum(level * _per_stream(args, level) for level in levels) * len(methods) * len(transports)
         bar = tqdm(total=total, unit="req", disable=args.no_progress, file=sys.stderr)
+        offset = 0
         for li, level in enumerate(levels):
+            # each level its own prompts (cycled only when the list runs out), the same for every method
+            count = level * _per_stream(args, level)
+            level_indices = [(offset + k) % len(prompts) for k in range(count)]
+            offset += count
             for transport in transports:
                 for method in rotated(methods, li):
                     bar.set_description(f"{level} streams, {transport}, {method.name}")
                     block = await run_block(
-                        clients[transport], transport=transport, method=method.name, prompts=prompts,
-                        prompt_indices=indices, concurrency=level, requests_per_stream=_per_stream(args, level),
+                        client_for(transport, method), transport=transport, method=method.name, prompts=prompts,
+                        prompt_indices=level_indices, concurrency=level, requests_per_stream=_per_stream(args, level),
                         opts=opts_for[method.name], request_timeout_s=args.request_timeout_s,
                         on_request=lambda _: bar.update(1))
                     blocks.append(block)
