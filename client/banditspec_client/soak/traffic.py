@@ -76,6 +76,12 @@ class CaseRunner:
                 self.pld_acceptance.setdefault(key, []).append(result.stats.get("accepted"))
 
 
+def _outcomes(metrics_port: int) -> dict[str, float]:
+    """The server's request count per outcome (``nv_banditspec_requests``)."""
+    series = scrape_metrics(metrics_port).get("nv_banditspec_requests", [])
+    return {labels.get("outcome", "?"): value for labels, value in series}
+
+
 def run_soak(server, cases: list[SoakCase], reference: VanillaReference, *, concurrency: int = 8,
              sample_every_s: float = 2.0, rss_tolerance: float = 0.15, rss_slack_mb: float = 64.0) -> SoakReport:
     """Run ``cases`` against a started :class:`~banditspec_client.serve.TritonServer`
@@ -90,6 +96,7 @@ def run_soak(server, cases: list[SoakCase], reference: VanillaReference, *, conc
             reference.text(case.prompt, case.options.max_tokens, tuple(case.options.stop_words))
     server_pid = server.process.pid
     regions = {p.shm_region for p in server_processes(server_pid) if p.shm_region}
+    before = _outcomes(server.metrics_port)  # the start-up's warm-up request is not the soak's
     started = time.monotonic()
 
     def sample(processes=lambda: server_processes(server_pid), regions=regions):
@@ -113,7 +120,7 @@ def run_soak(server, cases: list[SoakCase], reference: VanillaReference, *, conc
     thread.join()
     report.samples.append(sample())
     report.seconds = time.monotonic() - started
-    outcomes = scrape_metrics(server.metrics_port).get("nv_banditspec_requests", [])
-    report.server_outcomes = {labels.get("outcome", "?"): value for labels, value in outcomes}
+    after = _outcomes(server.metrics_port)
+    report.server_outcomes = {outcome: value - before.get(outcome, 0.0) for outcome, value in after.items()}
     judge(report, runner.pld_acceptance, rss_tolerance, rss_slack_mb)
     return report
