@@ -20,7 +20,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, Protocol
 
 import numpy as np
 
@@ -34,7 +34,13 @@ PROBE_PROMPT = "Say hello."
 FLUSH_TOKEN = 2  # one-token sequences from here on share no prefix with a chat-templated prompt
 
 
-def private_model_name(method: Method) -> str:
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+def private_model_name(method: _Named) -> str:
+    """The controller model copy a method gets when it must not share the suffix trie of past outputs."""
     return f"{CONTROLLER}_" + re.sub(r"[^A-Za-z0-9]+", "_", method.name).strip("_")
 
 

@@ -68,9 +68,9 @@ class LoadMethod:
     @property
     def model_name(self) -> str:
         """The controller model its Triton requests go to."""
-        if not self.learns_from_outputs:
-            return "banditspec"
-        return "banditspec_" + "".join(c if c.isalnum() else "_" for c in self.name)
+        from banditspec_client.bench.through_triton import CONTROLLER, private_model_name
+
+        return private_model_name(self) if self.learns_from_outputs else CONTROLLER
 
 
 def parse_methods(text: str) -> list[LoadMethod]:
