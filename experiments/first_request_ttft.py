@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from banditspec.paths import cache_dir
 from banditspec_client.bench.workloads import load_workload
-from banditspec_client.serve import TritonServer
+from banditspec_server.serve import TritonServer
 from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
 METHODS = {"vanilla": "vanilla", "default": None}

@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.concurrency.split(",") if c]
     server = None
     if args.start_server:
-        from banditspec_client.serve import TritonServer, free_port
+        from banditspec_server.serve import TritonServer, free_port
 
         args.out.mkdir(parents=True, exist_ok=True)
         # The target's prefix cache keeps only as many sequences as run at once: perf_analyzer

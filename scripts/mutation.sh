@@ -20,7 +20,7 @@ trap 'git -C "$ROOT" worktree remove --force "$WORK/tree" >/dev/null 2>&1 || tru
 
 "$ROOT/.venv/bin/python" -m pip install --quiet --target "$WORK/tools" "cosmic-ray==8.7.0"
 git worktree add --quiet --detach "$WORK/tree" HEAD
-export PYTHONPATH="$WORK/tools:$WORK/tree/python_backend:$WORK/tree/client:$WORK/tree/training"
+export PYTHONPATH="$WORK/tools:$WORK/tree/python_backend:$WORK/tree/server:$WORK/tree/client:$WORK/tree/training"
 cat > "$WORK/cr.toml" <<EOF
 [cosmic-ray]
 module-path = "$MODULE"

@@ -39,8 +39,8 @@ def _cmd_generate(args) -> int:
 
 def _generate_local(args) -> int:
     from banditspec.config import GenerationRequest, fresh_seed
-    from banditspec.decoding import generate
-    from banditspec.runtime import DEFAULT_ARMS, load_local
+    from banditspec.decoding.session import generate
+    from banditspec.serving.runtime import DEFAULT_ARMS, load_local
     from banditspec.text import IncrementalDetokenizer, prompt_ids, stop_sequences
 
     stack = load_local(args.model, DEFAULT_ARMS)
@@ -116,10 +116,10 @@ def _cmd_build(args) -> int:
 
 # Subcommands that delegate to a module's add_arguments(parser) / run(args): (name, module, help).
 MODULE_COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("serve", "banditspec_client.serve", "start a real tritonserver with this model repository"),
-    ("openai", "banditspec_client.openai_api.server", "OpenAI-compatible HTTP API in front of a running Triton"),
+    ("serve", "banditspec_server.serve", "start a real tritonserver with this model repository"),
+    ("openai", "banditspec_server.openai_api.server", "OpenAI-compatible HTTP API in front of a running Triton"),
     ("demo", "banditspec_client.demo", "start Triton, send a few prompts, compare with plain decoding"),
-    ("simulate", "banditspec.simulate", "bandit regret on synthetic arms (the paper's TGD)"),
+    ("simulate", "banditspec.evaluation.simulate", "bandit regret on synthetic arms (the paper's TGD)"),
     ("bench", "banditspec_client.bench.compare.command", "benchmark methods side by side (paper Table 1)"),
     ("bench-overhead", "banditspec_client.bench.overhead", "tokens/s through Triton vs in process, side by side"),
     ("bench-load", "banditspec_client.bench.concurrency.command", "closed-loop load sweep through Triton gRPC and the OpenAI API: tok/s, TTFT, ITL"),

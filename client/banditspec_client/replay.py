@@ -2,7 +2,7 @@
 
 1. Record (once, cached under the cache folder): for each prompt the target's greedy
    output (batched plain decoding on the reference engine) and, at every position, each
-   cheap drafter's proposal (:mod:`banditspec.replay`).
+   cheap drafter's proposal (:mod:`banditspec.evaluation.replay`).
 2. Replay, per cost model of the platform and per workload: plain decoding, every fixed
    arm at every gamma, the per-prompt oracle (best fixed arm per prompt in hindsight),
    the per-step oracle (best choice at every step), ucbspec, exp3spec and costaware (and
@@ -37,7 +37,7 @@ import numpy as np
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec.errors import BanditSpecValidationError
-from banditspec.runtime import DEFAULT_ARMS
+from banditspec.serving.runtime import DEFAULT_ARMS
 from banditspec_client.bench.splits import SPLITS, describe
 from banditspec_client.bench.workloads import MULTITURN, MULTITURN_TURNS
 
@@ -229,7 +229,7 @@ def record(args, prompts: list[tuple[str, str]] | None):
 
     from banditspec.engine.models import load_tokenizer
     from banditspec.paths import cache_dir
-    from banditspec.replay import Trace, record_proposals
+    from banditspec.evaluation.replay import Trace, record_proposals
     from banditspec.drafters.registry import build_drafters
     from banditspec.text import prompt_ids
 
@@ -286,7 +286,7 @@ def _record_costly(args, name: str, traces, tokenizer, path: Path, engine=None) 
 
     from banditspec.drafters.registry import build_drafters
     from banditspec.engine.contract import VerifyRequest
-    from banditspec.replay import record_costly_proposals
+    from banditspec.evaluation.replay import record_costly_proposals
 
     if path.exists():
         for trace, line in zip(traces, path.read_text().splitlines()):
@@ -367,7 +367,7 @@ def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters
     from tqdm import tqdm
 
     from banditspec.bandits.cost_model import CostModel
-    from banditspec.replay import per_step_oracle_seconds, replay_policy
+    from banditspec.evaluation.replay import per_step_oracle_seconds, replay_policy
 
     fixed = [f"fixed:{d}@{g}" for d in drafters for g in range(1, max_draft_len + 1)]
     methods = ["vanilla", *fixed, *ADAPTIVE, K_ONLY, RATE]
@@ -556,11 +556,11 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
     from tqdm import tqdm
 
     from banditspec.config import GenerationRequest
-    from banditspec.decoding import run_to_completion
-    from banditspec.decoder import SpeculativeDecoder
+    from banditspec.decoding.session import run_to_completion
+    from banditspec.decoding.decoder import SpeculativeDecoder
     from banditspec.engine.reference import ReferenceEngine
-    from banditspec.replay import replay_policy
-    from banditspec.runtime import build_drafters, calibrate_cost_model
+    from banditspec.evaluation.replay import replay_policy
+    from banditspec.serving.runtime import build_drafters, calibrate_cost_model
 
     torch.set_num_threads(max(1, args.threads))
     eos = int(tokenizer.eos_token_id)

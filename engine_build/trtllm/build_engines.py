@@ -248,8 +248,8 @@ def copy_tokenizer(spec: BuildSpec) -> None:
 
 
 def fill_repository_step(spec: BuildSpec) -> None:
-    from banditspec_client.fill_template import fill_repository, fill_template
-    from banditspec_client.serve import set_parameters
+    from banditspec_server.fill_template import fill_repository, fill_template
+    from banditspec_server.serve import set_parameters
 
     if spec.repository_dir.exists():
         shutil.rmtree(spec.repository_dir)

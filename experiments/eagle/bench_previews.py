@@ -6,7 +6,7 @@ the same prompts for every method, methods rotated per prompt so that drift hits
 * ``vanilla``: plain decoding; ``suffix@4``: the fixed arm the ratios are taken against;
 * ``costaware``: the default controller, Eagle pulled blind (the default, DEFAULT_PREVIEWS off);
 * ``costaware+previews``: Eagle previewed every round (its first token and confidence as
-  context; drafters/eagle.py, DEFAULT_PREVIEWS; banditspec.costaware_rounds);
+  context; drafters/eagle.py, DEFAULT_PREVIEWS; banditspec.decoding.costaware_rounds);
 * ``costaware-eagle``: the controller without the Eagle arm (and without the target's
   hidden states, which only Eagle reads).
 

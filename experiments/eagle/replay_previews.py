@@ -1,6 +1,6 @@
 """What Eagle previews would be worth at other preview costs: the replay, over many prompts.
 
-costaware replayed (``banditspec.replay``, the measured verify-cost surface) over the same
+costaware replayed (``banditspec.evaluation.replay``, the measured verify-cost surface) over the same
 recorded traces with: Eagle blind (the default), no Eagle, and Eagle previewed every round at
 a sweep of preview costs (a previewed pull costs only its drafting, the catch-up being the
 preview's). Costs are in units of a one-token verify. Prompts, recording and cache are
@@ -21,7 +21,7 @@ PREVIEW_COSTS = (0.07, 0.035, 0.015, 0.0)  # 0.07: what a preview costs in proce
 
 
 def main() -> int:
-    from banditspec.replay import replay_policy
+    from banditspec.evaluation.replay import replay_policy
     from banditspec_client.replay import EAGLE_COST, _prompts, _surface_model, add_arguments, parse_eagle_cost, record
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

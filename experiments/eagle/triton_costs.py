@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from banditspec.paths import REPO_ROOT, cache_dir
-from banditspec_client.serve import TritonServer, free_port
+from banditspec_server.serve import TritonServer, free_port
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.triton_client import GenerationOptions, generate_grpc
 

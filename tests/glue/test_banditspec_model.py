@@ -52,7 +52,7 @@ class CountingMock(MockEngine):
 def stack(monkeypatch):
     """(banditspec model instance, target model instance, mock engine)."""
     import banditspec.engine.reference as reference
-    import banditspec.serving_setup as setup
+    import banditspec.serving.setup as setup
 
     engine = CountingMock()
     target_holder = {}
@@ -155,7 +155,7 @@ def test_target_adapter_verifies_a_batch_in_one_engine_call(stack):
 
 def test_initialize_freezes_the_loaded_heap_unless_told_not_to(monkeypatch):
     """gc_freeze (default true): every model's initialize leaves what loading allocated out of
-    the cyclic collector's walks (banditspec.heap); "false" leaves the heap as it was."""
+    the cyclic collector's walks (banditspec.serving.heap); "false" leaves the heap as it was."""
     import gc
 
     import banditspec.engine.reference as reference

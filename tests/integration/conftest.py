@@ -9,7 +9,7 @@ from banditspec.paths import cache_dir
 
 @pytest.fixture(scope="session")
 def server():
-    from banditspec_client.serve import TritonServer
+    from banditspec_server.serve import TritonServer
 
     log = cache_dir() / "integration-tritonserver.log"
     log.write_bytes(b"")
@@ -34,8 +34,8 @@ def server():
 def local_vanilla():
     """In-process plain greedy decoding with the same model: text for (prompt, max_tokens)."""
     from banditspec.config import GenerationRequest
-    from banditspec.decoding import run_to_completion
-    from banditspec.runtime import load_local
+    from banditspec.decoding.session import run_to_completion
+    from banditspec.serving.runtime import load_local
     from banditspec.text import prompt_ids
 
     stack = load_local("smollm2", arms=("pld",))

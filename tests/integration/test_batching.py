@@ -83,7 +83,7 @@ def test_concurrent_mixed_gamma_requests_share_forward_passes_and_equal_their_so
 def ucb_server():
     """A tiny-model server whose banditspec model caps every request with the ucb controller."""
     from banditspec.paths import cache_dir
-    from banditspec_client.serve import TritonServer
+    from banditspec_server.serve import TritonServer
 
     overrides = {"banditspec": {"gamma_controller": "ucb", "gamma_controller_max": "2", "drafters": "pld", "max_concurrent_sequences": "4"}}
     srv = TritonServer(
@@ -97,8 +97,8 @@ def ucb_server():
 @pytest.fixture(scope="module")
 def tiny_vanilla():
     from banditspec.config import GenerationRequest
-    from banditspec.decoding import run_to_completion
-    from banditspec.runtime import load_local
+    from banditspec.decoding.session import run_to_completion
+    from banditspec.serving.runtime import load_local
     from banditspec.text import prompt_ids
 
     stack = load_local("tiny", arms=("pld",))

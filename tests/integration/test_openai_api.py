@@ -12,8 +12,8 @@ MAX_TOKENS = 20
 
 @pytest.fixture(scope="module")
 def api(server):
-    from banditspec_client.openai_api.server import OpenAIServer
-    from banditspec_client.serve import free_port
+    from banditspec_server.openai_api.server import OpenAIServer
+    from banditspec_server.serve import free_port
 
     with OpenAIServer(server.grpc_url, port=free_port(), model="smollm2") as frontend:
         yield frontend

@@ -17,7 +17,7 @@ import pytest
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L
 from banditspec.errors import parse_retry_after
 from banditspec.paths import cache_dir
-from banditspec_client.serve import TritonServer
+from banditspec_server.serve import TritonServer
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.soak.expected import VanillaReference
 from banditspec_client.soak.processes import leftovers, server_processes

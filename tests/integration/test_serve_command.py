@@ -25,8 +25,8 @@ import pytest
 
 from banditspec.errors import model_down, parse_retry_after
 from banditspec.paths import cache_dir
-from banditspec_client.serve import free_port
-from banditspec_client.supervisor import list_stubs
+from banditspec_server.serve import free_port
+from banditspec_server.supervisor import list_stubs
 from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
 
 pytestmark = pytest.mark.integration

@@ -177,7 +177,7 @@ def test_cancelled_stream_stops_and_frees_its_slot(server, local_vanilla):
 def eagle3_server():
     """A second server whose `eagle` arm is the shipped EAGLE-3 head (both models told)."""
     from banditspec.paths import cache_dir
-    from banditspec_client.serve import TritonServer
+    from banditspec_server.serve import TritonServer
 
     log = cache_dir() / "integration-tritonserver-eagle3.log"
     srv = TritonServer(

@@ -111,7 +111,7 @@ def test_default_invocation_prompt_plus_greedy_output(server, local_vanilla, mod
 
 def test_streaming_exclude_input_with_end_pad_ids(server, local_vanilla):
     # end_to_end_grpc_client.py -p PROMPT -o 20 -S --exclude-input-in-output --end-id 2 --pad-id 2
-    from banditspec.serving_setup import load_serving_tokenizer
+    from banditspec.serving.setup import load_serving_tokenizer
 
     eos = load_serving_tokenizer({"target_model": "smollm2"}).eos_token_id
     inputs = upstream_inputs(streaming=True, exclude_input_in_output=True, end_id=eos, pad_id=eos)
@@ -175,7 +175,7 @@ STOP_WORDS = ("```\n",)
 
 
 def _eos() -> int:
-    from banditspec.serving_setup import load_serving_tokenizer
+    from banditspec.serving.setup import load_serving_tokenizer
 
     return load_serving_tokenizer({"target_model": "smollm2"}).eos_token_id
 

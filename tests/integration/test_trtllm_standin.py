@@ -63,7 +63,7 @@ def trt_server(built):
 
 def test_target_and_draft_are_served_with_the_gpu_configs_unchanged(built):
     """No copy and no test edit: the served files are build_engines' fill of the shipped templates."""
-    from banditspec_client.fill_template import fill_template
+    from banditspec_server.fill_template import fill_template
     from tests.trtllm_standin.repository import REPO_ROOT
 
     repository, spec, _ = built

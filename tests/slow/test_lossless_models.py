@@ -9,7 +9,7 @@ import pytest
 
 from banditspec.config import GenerationRequest
 from banditspec.datasets import humaneval_problems, sharegpt_split
-from banditspec.decoding import run_to_completion
+from banditspec.decoding.session import run_to_completion
 from banditspec.text import prompt_ids
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,7 @@ def check_all(stack, prompts: list[tuple[str, str]], max_draft_len: int = 4) -> 
 
 @pytest.fixture(scope="module")
 def tiny_stack():
-    from banditspec.runtime import load_local
+    from banditspec.serving.runtime import load_local
 
     return load_local("tiny", arms=("pld", "suffix", "rest", "copy"))
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from banditspec.config import GenerationRequest
-from banditspec.decoding import run_to_completion
+from banditspec.decoding.session import run_to_completion
 from banditspec.engine.prefix_cache import common_prefix_length
 from banditspec.engine.reference import ReferenceEngine
-from banditspec.runtime import DEFAULT_ARMS
+from banditspec.serving.runtime import DEFAULT_ARMS
 from banditspec.text import render_chat, text_ids
 from banditspec_client.bench.workloads import load_conversations
 
@@ -29,7 +29,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def stack():
-    from banditspec.decoder import SpeculativeDecoder
+    from banditspec.decoding.decoder import SpeculativeDecoder
     from banditspec.drafters.registry import build_drafters
 
     engine = ReferenceEngine.from_name("smollm2", max_context=2048)

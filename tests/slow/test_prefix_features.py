@@ -14,7 +14,7 @@ import pytest
 
 from banditspec.config import GenerationRequest
 from banditspec.datasets import humaneval_problems
-from banditspec.decoding import run_to_completion
+from banditspec.decoding.session import run_to_completion
 from banditspec.drafters.base import first_feature
 from banditspec.drafters.eagle import DEFAULT_PROMPT_WINDOW
 from banditspec.engine.contract import VerifyRequest

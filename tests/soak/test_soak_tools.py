@@ -57,8 +57,8 @@ def test_expected_text_equals_plain_decoding_by_the_decoding_loop():
     """The soak's reference (target calls + its own stop rule) and the decoding loop's vanilla
     policy (the server's code) agree, stop words included."""
     from banditspec.config import GenerationRequest
-    from banditspec.decoding import run_to_completion
-    from banditspec.runtime import load_local
+    from banditspec.decoding.session import run_to_completion
+    from banditspec.serving.runtime import load_local
     from banditspec.text import prompt_ids, stop_sequences
     from banditspec_client.soak.expected import VanillaReference
     from banditspec_client.soak.workload import PROMPTS

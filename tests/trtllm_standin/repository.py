@@ -28,7 +28,7 @@ SERVED = ("banditspec", "target", "draft")
 
 def backend_dir(out: Path) -> Path:
     """A backend folder holding the Python backend and the stand-in as ``tensorrtllm``."""
-    from banditspec_client.serve import prepare_backend_dir
+    from banditspec_server.serve import prepare_backend_dir
 
     out.mkdir(parents=True, exist_ok=True)
     python = out / "python"
@@ -67,7 +67,7 @@ def build_repository(out: Path, *, model: str = "tiny", max_seq_len: int = 256, 
     """(served repository, BuildSpec): the user's fill of model_repository_trtllm/, served models only."""
     import sys
 
-    from banditspec_client.serve import set_parameters
+    from banditspec_server.serve import set_parameters
 
     spec = build_spec(out / "build", max_seq_len=max_seq_len, max_prompt_len=max_prompt_len, max_draft_len=max_draft_len)
     sys.path.insert(0, str(REPO_ROOT / "engine_build" / "trtllm"))
@@ -94,7 +94,7 @@ def standin_server(repository: Path, backends: Path, *, model: str = "tiny", log
                    overrides: dict[str, dict[str, str]] | None = None):
     """A TritonServer on ``repository`` whose backend folder is ``backends`` (:func:`backend_dir`);
     ``target``/``draft`` configs are served as filled (no parameter of theirs is overridden)."""
-    from banditspec_client.serve import TritonServer
+    from banditspec_server.serve import TritonServer
 
     class StandInServer(TritonServer):
         def command(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""banditspec.admission: the bounded first-in-first-out queue in front of the sequence slots."""
+"""banditspec.serving.admission: the bounded first-in-first-out queue in front of the sequence slots."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from banditspec.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused
+from banditspec.serving.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused
 from banditspec.errors import parse_retry_after, retry_after_message
 
 POLL_S = 0.01

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from banditspec.config import GenerationRequest
-from banditspec.decoder import SpeculativeDecoder
-from banditspec.decoding import run_to_completion
+from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.session import run_to_completion
 from banditspec.engine.bad_words import banned_at, from_word_list, mask_banned, to_word_list
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.reference import ReferenceEngine

@@ -19,7 +19,7 @@ from banditspec_client.bench.methods import RunRecord, digest, parse_methods, ro
 from banditspec_client.bench.compare.summary import markdown_report, summarize_workload, target_checks
 from banditspec_client.bench.runner import split_available
 from banditspec_client.bench.through_triton import bench_repository, private_model_name
-from banditspec_client.supervisor import group_cpu_seconds
+from banditspec_server.supervisor import group_cpu_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 

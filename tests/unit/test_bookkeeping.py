@@ -1,4 +1,4 @@
-"""When costaware's learning from a step runs (banditspec.bookkeeping): within the step, after
+"""When costaware's learning from a step runs (banditspec.decoding.bookkeeping): within the step, after
 the next choice, or on a background thread while the target verifies."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from banditspec.bookkeeping import BackgroundBookkeeper, DeferredBookkeeper, make_bookkeeper
+from banditspec.decoding.bookkeeping import BackgroundBookkeeper, DeferredBookkeeper, make_bookkeeper
 from banditspec.config import GenerationRequest
-from banditspec.decoding import run_to_completion
+from banditspec.decoding.session import run_to_completion
 from banditspec.errors import BanditSpecValidationError
 from tests.unit.test_costaware import FLAT, PROMPT, STEEP, timed_decoder
 from tests.unit.test_decoding import always_wrong, oracle

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from banditspec.config import GenerationRequest, Limits, validate_request
-from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.errors import BanditSpecValidationError
-from banditspec.serving import Controller, ServingDefaults
+from banditspec.serving.controller import Controller, ServingDefaults
 from tests.fake_tokenizer import ByteTokenizer
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
 from tests.unit.test_serving import AsciiEngine, RecordingSink, expected_text, inputs

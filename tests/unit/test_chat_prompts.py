@@ -9,7 +9,7 @@ import pytest
 from banditspec.engine.models import load_tokenizer
 from banditspec.errors import BanditSpecValidationError
 from banditspec.text import prompt_ids, render_chat, text_ids
-from banditspec_client.openai_api.app import ChatRequest, OpenAIError, chat_prompt
+from banditspec_server.openai_api.app import ChatRequest, OpenAIError, chat_prompt
 from tests.fake_tokenizer import ByteTokenizer
 
 PROMPTS = [

@@ -10,10 +10,10 @@ from banditspec.drafters.base import Draft
 from banditspec.bandits.costaware import Candidate, CostAwarePolicy, HazardCounts, SharedAcceptance
 from banditspec.gamma_controller import make_gamma_budget
 from banditspec.config import GenerationRequest
-from banditspec.decoder import SpeculativeDecoder
-from banditspec.decoding import run_to_completion
-from banditspec.replay import VirtualClock
-from banditspec.rewards import ThroughputReward
+from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.session import run_to_completion
+from banditspec.evaluation.replay import VirtualClock
+from banditspec.decoding.rewards import ThroughputReward
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
 
@@ -95,7 +95,7 @@ def test_calibration_times_decoding_steps_that_extend_the_engines_cache_in_place
     sequence its previous call left (engine/kv_buffer.py); any other step copies the cache
     first. Calibration used to send the same prefix with another tail every time, so every
     timed call paid the copy (30-40 ms against 22-24 ms for one token after ~300 here)."""
-    from banditspec.runtime import calibrate_cost_model
+    from banditspec.serving.runtime import calibrate_cost_model
 
     clock = VirtualClock()
 

@@ -1,4 +1,4 @@
-"""banditspec.costaware_rounds: one request's rounds under the costaware controller, driven
+"""banditspec.decoding.costaware_rounds: one request's rounds under the costaware controller, driven
 directly (no decoder): which drafters propose, under which context each proposal is learned,
 how a costly drafter's pulls and declines are scored, and when a proposal stops being scored.
 
@@ -13,9 +13,9 @@ from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import (HINT_FLOOR, Candidate, CostAwarePolicy, confidence_level, context_bucket,
                                           hint_level)
 from banditspec.config import ArmSpec
-from banditspec.costaware_rounds import EXPLORE_DEEPER_BELOW, CostAwareRounds
+from banditspec.decoding.costaware_rounds import EXPLORE_DEEPER_BELOW, CostAwareRounds
 from banditspec.drafters.base import Draft, Preview
-from banditspec.replay import VirtualClock
+from banditspec.evaluation.replay import VirtualClock
 
 FLAT = [1.0 + 0.02 * i for i in range(5)]  # verify cost of k tokens / cost of one (L = 4)
 STEEP = [1.0, 1.6, 2.0, 2.4, 2.8]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L, GenerationRequest, Limits
-from banditspec.decoder import SpeculativeDecoder
-from banditspec.decoding import generate, run_to_completion
+from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.session import generate, run_to_completion
 from banditspec.drafters.base import Draft
 from banditspec.errors import BanditSpecValidationError
 from tests.mock_engine import MockEngine

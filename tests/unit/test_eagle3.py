@@ -260,8 +260,8 @@ def test_int8_drafter_projects_the_layers_in_fp32(target):
 
 def test_decoding_loop_with_eagle3_is_lossless_and_feeds_the_head(target, drafter):
     from banditspec.config import GenerationRequest
-    from banditspec.decoder import SpeculativeDecoder
-    from banditspec.decoding import run_to_completion
+    from banditspec.decoding.decoder import SpeculativeDecoder
+    from banditspec.decoding.session import run_to_completion
 
     engine = ReferenceEngine(target, max_context=256)
     decoder = SpeculativeDecoder.for_engine(engine, {"eagle": drafter})

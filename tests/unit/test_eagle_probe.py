@@ -16,7 +16,7 @@ import torch
 from banditspec.drafters.eagle import EAGLE1_WEIGHTS, EagleDrafter, load_default_eagle_drafter
 from banditspec.drafters.eagle_remote import RemoteEagleDrafter
 from banditspec.drafters.eagle_service import EagleService
-from banditspec.drafting import RequestDrafters
+from banditspec.decoding.drafting import RequestDrafters
 from banditspec.eagle import EAGLE3_WEIGHTS
 from banditspec.eagle.probe import PROBE_KEY, FirstTokenProbe, head_probe
 from banditspec.errors import BanditSpecValidationError

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from banditspec.errors import BanditSpecValidationError
-from banditspec_client.fill_template import (
+from banditspec_server.fill_template import (
     fill_repository,
     fill_template,
     main,
@@ -108,7 +108,7 @@ def test_cli_runs_as_module(tmp_path):
     cfg = tmp_path / "config.pbtxt"
     cfg.write_text(TEMPLATE)
     proc = subprocess.run(
-        [sys.executable, "-m", "banditspec_client.fill_template", "-i", str(cfg), "batch:2,engine_dir:/x"],
+        [sys.executable, "-m", "banditspec_server.fill_template", "-i", str(cfg), "batch:2,engine_dir:/x"],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr

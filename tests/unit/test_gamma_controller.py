@@ -22,8 +22,8 @@ from banditspec.gamma_controller.gamma_bandit import ucbspec_radius
 from banditspec.engine.target_metrics import VerifyBatchMetrics
 from banditspec.gamma_controller.budget import UnlimitedBudget
 from banditspec.config import GenerationRequest
-from banditspec.decoder import SpeculativeDecoder
-from banditspec.decoding import run_to_completion
+from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.session import run_to_completion
 from banditspec.drafters.pld import PromptLookupDrafter
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.errors import BanditSpecValidationError
@@ -333,7 +333,7 @@ def test_bad_budget_parameters_name_the_parameter(spec, max_gamma, field):
 
 
 def test_build_controller_wires_the_controller_to_the_servers_sequence_count(monkeypatch):
-    import banditspec.serving_setup as setup
+    import banditspec.serving.setup as setup
     from tests.fake_tokenizer import ByteTokenizer
 
     monkeypatch.setattr(setup, "load_serving_tokenizer", lambda params: ByteTokenizer())

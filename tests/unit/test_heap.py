@@ -1,6 +1,6 @@
 import gc
 
-from banditspec.heap import freeze_heap
+from banditspec.serving.heap import freeze_heap
 
 
 def test_freeze_heap_collects_then_freezes_what_is_alive():

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SERVING = ROOT / "python_backend" / "banditspec"
 TRAINING = ROOT / "training" / "banditspec_train"
-PACKAGES = (SERVING, ROOT / "client" / "banditspec_client", TRAINING)
+PACKAGES = (SERVING, ROOT / "server" / "banditspec_server", ROOT / "client" / "banditspec_client", TRAINING)
 # the Triton models' own files: they run in the server, beside the serving package
 MODEL_FILES = sorted((ROOT / "model_repository").glob("*/1/model.py")) + sorted(
     (ROOT / "model_repository_trtllm").glob("*/1/model.py"))
@@ -122,7 +122,7 @@ def test_the_graph_sees_lazy_and_relative_imports():
 
 def test_no_module_imports_itself_back():
     graph = import_graph()
-    assert len(graph) > 90 and graph["banditspec.decoding"]
+    assert len(graph) > 90 and graph["banditspec.decoding.session"]
     assert cycles(graph) == [], "import loops between modules"
 
 
@@ -181,3 +181,21 @@ def test_text_search_drafters_never_reach_the_engine():
     assert {m: found for m, found in offenders.items() if found} == {}, "a text-search drafter reaches the engine"
     assert "banditspec.native" in graph["banditspec.drafters.rest_datastore"]
     assert not any(t.startswith("banditspec.engine") for t in reachable(graph, "banditspec.native"))
+
+
+def test_the_core_top_level_stays_small():
+    """Beside its sub-packages the core keeps at most twelve modules: what belongs together
+    lives in a package (decoding, serving, evaluation, ...)."""
+    top = sorted(p.name for p in SERVING.glob("*.py") if p.name != "__init__.py")
+    assert 0 < len(top) <= 12, top
+
+
+def test_the_client_never_holds_the_server():
+    """serve, the supervisor and the OpenAI API are the server package's; the client package
+    may start a server (benchmarks, soak) but holds none of it."""
+    client = ROOT / "client" / "banditspec_client"
+    for name in ("serve.py", "supervisor.py", "openai_api", "fill_template.py", "model_aliases.py"):
+        assert not (client / name).exists(), name
+        assert (ROOT / "server" / "banditspec_server" / name).exists(), name
+    server = {m: t for m, t in import_graph().items() if m.startswith("banditspec_server")}
+    assert "banditspec_server.serve" in server

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from banditspec.config import GenerationRequest
-from banditspec.decoder import SpeculativeDecoder
-from banditspec.decoding import run_to_completion
+from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.session import run_to_completion
 from banditspec.engine.trtllm import TrtllmVerifyResult
 from tests.mock_engine import MockEngine
 

@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 
-from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding.decoder import SpeculativeDecoder
 from tests.fault_drafters import RaisingDrafter
 from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics import (
@@ -22,7 +22,7 @@ from banditspec.metrics import (
     sample_engine,
 )
 from banditspec.metrics.stats import EngineCacheSample, drafter_failures, failure_kind
-from banditspec.serving import OUTCOMES, Controller, ServingDefaults
+from banditspec.serving.controller import OUTCOMES, Controller, ServingDefaults
 from tests.fake_tokenizer import ByteTokenizer
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
@@ -340,7 +340,7 @@ def test_steps_are_exported_off_the_step_path_and_before_the_final_response():
 
 
 def test_the_export_thread_exports_queued_steps_and_stops_on_close():
-    from banditspec.results import StepEvent
+    from banditspec.decoding.results import StepEvent
 
     factory = FakeFactory()
     metrics = ServingMetrics(exporter=PrometheusMetrics(factory, max_draft_len=4), export_interval_s=0.01)

@@ -49,7 +49,7 @@ def test_conversation_turns_are_the_recorded_human_turns_in_order():
 # -- ChatML history through the OpenAI API's renderer -----------------------------------------
 def test_a_multi_turn_chat_renders_as_chatml_history_that_extends_the_previous_request(tokenizer):
     from banditspec.text import render_chat, text_ids
-    from banditspec_client.openai_api.app import Message, chat_prompt
+    from banditspec_server.openai_api.app import Message, chat_prompt
 
     user1, answer1, user2 = "Write a function that adds two numbers.", "def add(a, b):\n    return a + b", "Now subtract."
     messages = [Message(role="user", content=user1), Message(role="assistant", content=answer1),

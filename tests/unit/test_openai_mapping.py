@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from banditspec.errors import parse_retry_after
-from banditspec_client.openai_api.app import ChatRequest, CompletionRequest, OpenAIError, _triton_error, common_inputs
-from banditspec_client.openai_api.triton import ModelFacts, TritonError
+from banditspec_server.openai_api.app import ChatRequest, CompletionRequest, OpenAIError, _triton_error, common_inputs
+from banditspec_server.openai_api.triton import ModelFacts, TritonError
 
 FACTS = ModelFacts(max_tokens_limit=1024, max_context=2048, inputs=frozenset({"text_input", "max_tokens", "top_p", "policy"}))
 

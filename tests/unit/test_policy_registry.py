@@ -11,7 +11,7 @@ from banditspec.bandits.registry import POLICY_CHOICES, check_policy, resolve_po
 from banditspec.bandits.ucbspec import UCBSpec
 from banditspec.bandits.vanilla import VanillaPolicy
 from banditspec.config import DEFAULT_POLICY, ArmSpec, GenerationRequest
-from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.errors import BanditSpecValidationError
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter

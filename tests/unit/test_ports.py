@@ -1,4 +1,4 @@
-"""Ports for a tritonserver that binds them later (banditspec_client.serve): free_port picks
+"""Ports for a tritonserver that binds them later (banditspec_server.serve): free_port picks
 outside the kernel's ephemeral range and reserves the port against other processes; a
 TritonServer told a taken port fails naming it, one that chose a port picks another; the
 line tritonserver 2.51 writes when it cannot listen is recognised. No tritonserver here
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from banditspec_client import serve
-from banditspec_client.serve import PortInUseError, TritonServer, free_port, port_is_free, release_port
+from banditspec_server import serve
+from banditspec_server.serve import PortInUseError, TritonServer, free_port, port_is_free, release_port
 from tests.ports import take_port
 
 # written by tritonserver 2.51 (measured) when each of its three ports is taken
@@ -38,7 +38,7 @@ def test_free_port_is_below_the_ephemeral_range_free_and_distinct():
 
 
 def test_a_port_reserved_by_another_process_is_never_handed_out_here():
-    code = ("import sys, time; from banditspec_client.serve import free_port; "
+    code = ("import sys, time; from banditspec_server.serve import free_port; "
             "print(free_port(), flush=True); sys.stdin.read()")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

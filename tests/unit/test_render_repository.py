@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-from banditspec_client.serve import CORE_PACKAGE, SOURCE_REPOSITORY, render_repository
+from banditspec_server.serve import CORE_PACKAGE, SOURCE_REPOSITORY, render_repository
 
 
 def test_each_python_model_folder_links_this_checkouts_core():

@@ -1,4 +1,4 @@
-"""The replay evaluator's core (banditspec.replay): recording proposals, replaying the real
+"""The replay evaluator's core (banditspec.evaluation.replay): recording proposals, replaying the real
 decoding loop against a recording with a virtual clock, the per-step oracle, and a costly
 drafter (Eagle) that proposes only when chosen and costs time per call and per token."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from banditspec.bandits.cost_model import CostModel
 from banditspec.drafters.base import Draft, Preview
-from banditspec.replay import Trace, per_step_oracle_seconds, record_costly_proposals, record_proposals, replay_policy
+from banditspec.evaluation.replay import Trace, per_step_oracle_seconds, record_costly_proposals, record_proposals, replay_policy
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
 
@@ -168,7 +168,7 @@ def test_a_previewing_costly_drafter_is_replayed_with_its_recorded_previews_at_t
     """With a preview cost, the recorded previews are served every round the controller asks
     (each advancing the clock by that cost), and a round whose preview would decline never
     pulls the drafter. Without one, it is replayed blind (serving's default) and pulls decline."""
-    import banditspec.replay as replay
+    import banditspec.evaluation.replay as replay
 
     traces, engine = traces_for(PROMPTS, right=oracle, wrong=always_wrong)
     for trace in traces:  # right where confident (0.9), declining at every third position (0.1)
@@ -213,7 +213,7 @@ def test_a_previewing_costly_drafter_is_replayed_with_its_recorded_previews_at_t
 def test_replayed_drafters_are_asked_as_serving_asks_them():
     """REST proposes lazily in serving (costaware asks it only when it could win): its replayed
     stand-in does too, and the other built-in and unknown drafters do not."""
-    from banditspec import replay
+    from banditspec.evaluation import replay
     from banditspec.drafters.registry import drafter_class
 
     assert drafter_class("rest").proposes_lazily

@@ -53,7 +53,7 @@ def _build_module():
 
 @pytest.fixture(scope="module")
 def trt_repository(tmp_path_factory) -> Path:
-    from banditspec_client.fill_template import fill_repository
+    from banditspec_server.fill_template import fill_repository
 
     build = _build_module()
     spec = build.BuildSpec(target_hf=Path("/models/hf/t"), draft_hf=Path("/models/hf/d"), out_dir=Path("/models/o"))

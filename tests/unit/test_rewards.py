@@ -1,4 +1,4 @@
-"""banditspec.rewards: the reward a policy learns from, one per step, against values derived
+"""banditspec.decoding.rewards: the reward a policy learns from, one per step, against values derived
 from the definitions in the module docstring (not from the code)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from banditspec.bandits.cost_model import CostModel
-from banditspec.rewards import AcceptedLengthReward, ThroughputReward, make_reward
+from banditspec.decoding.rewards import AcceptedLengthReward, ThroughputReward, make_reward
 
 
 def test_the_papers_reward_is_the_accepted_length_plus_one_whatever_the_time():

@@ -1,7 +1,7 @@
 """Readiness read from the metrics page: every banditspec model (a benchmark's private copies
 too) must say nv_banditspec_ready 1, and the cold ones are named so each gets its warm-up."""
 
-from banditspec_client.serve import cold_models, warm_from_metrics
+from banditspec_server.serve import cold_models, warm_from_metrics
 
 PAGE = """# HELP nv_banditspec_ready Whether the model is calibrated
 # TYPE nv_banditspec_ready gauge

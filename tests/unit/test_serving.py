@@ -1,4 +1,4 @@
-"""banditspec.serving.Controller with numpy inputs, a byte tokenizer and a mock target."""
+"""banditspec.serving.controller.Controller with numpy inputs, a byte tokenizer and a mock target."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.engine.tensor_codec import TensorEngine, decode_request, encode_result
-from banditspec.serving import Controller, ServingDefaults
+from banditspec.serving.controller import Controller, ServingDefaults
 from tests.fake_tokenizer import ByteTokenizer
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
@@ -338,7 +338,7 @@ def test_the_cost_model_is_calibrated_once_before_the_first_request_decodes():
     """Through Triton the controller's verify-cost curve used to start from a prior slope and
     learn only from the draft lengths it chose (short ones, because of that slope): the
     serving controller now times the target once, before the first request decodes."""
-    from banditspec.runtime import calibrate_cost_model
+    from banditspec.serving.runtime import calibrate_cost_model
 
     engine = MockEngine(vocab_size=257, eos_id=256, max_context=1024)
     decoder = SpeculativeDecoder.for_engine(engine, {"right": ScriptedDrafter("right", oracle(engine, length_cap=3))})

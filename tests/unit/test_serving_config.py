@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from banditspec.errors import BanditSpecValidationError
-from banditspec.serving_config import EagleModelConfig, ServingConfig, TargetModelConfig, model_parameters
+from banditspec.serving.config import EagleModelConfig, ServingConfig, TargetModelConfig, model_parameters
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -61,7 +61,7 @@ def test_eagle_head_is_checked_by_name():
 
 
 def test_gc_freeze_is_a_flag_on_by_default_in_every_model():
-    from banditspec.serving_config import EagleModelConfig, TargetModelConfig
+    from banditspec.serving.config import EagleModelConfig, TargetModelConfig
 
     for config in (ServingConfig, TargetModelConfig, EagleModelConfig):
         assert config.from_parameters({}).gc_freeze is True

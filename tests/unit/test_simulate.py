@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from banditspec import simulate
+from banditspec.evaluation import simulate
 from banditspec.errors import BanditSpecValidationError
-from banditspec.simulate import (
+from banditspec.evaluation.simulate import (
     TruncatedGeometricArms,
     expected_stopping_time,
     simulate_regret,

@@ -1,4 +1,4 @@
-"""banditspec_client.supervisor decisions with a fake server (no tritonserver): which death
+"""banditspec_server.supervisor decisions with a fake server (no tritonserver): which death
 restarts at once, which drains first, when it gives up; and StubWatch over a real child
 process that looks like a stub."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from banditspec_client import supervisor as sup
-from banditspec_client.supervisor import UNKNOWN_MODEL, Stub, StubWatch, Supervisor
+from banditspec_server import supervisor as sup
+from banditspec_server.supervisor import UNKNOWN_MODEL, Stub, StubWatch, Supervisor
 
 
 class FakeProcess:
@@ -276,7 +276,7 @@ def test_a_known_pid_that_names_another_process_now_is_a_death(tmp_path, monkeyp
 
 # --- a stub that hangs without dying -------------------------------------------------------
 
-from banditspec_client.supervisor import (  # noqa: E402
+from banditspec_server.supervisor import (  # noqa: E402
     ANSWERED, HUNG, NO_ANSWER, OK, PROBE, UNHEALTHY_ANSWER, UNREACHABLE, HangWatch, ProgressWatch,
 )
 
@@ -492,7 +492,7 @@ def test_a_hung_target_with_exit_mode_exits_3(monkeypatch):
 def test_serve_refuses_a_bad_hang_seconds_naming_the_flag(capsys):
     import argparse
 
-    from banditspec_client import serve
+    from banditspec_server import serve
 
     parser = argparse.ArgumentParser()
     serve.add_arguments(parser)

@@ -9,8 +9,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from banditspec import trtllm_compat
-from banditspec_client import model_aliases
+from banditspec.serving import trtllm_compat
+from banditspec_server import model_aliases
 from tests.unit.test_serving import RecordingSink, expected_text, inputs, make_controller
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def test_banditspec_declares_every_upstream_input_and_output_with_upstream_types
 
 
 def test_every_declared_input_is_read_by_the_model():
-    from banditspec.serving import INPUT_KINDS
+    from banditspec.serving.controller import INPUT_KINDS
 
     config = _config(REPO / "model_repository" / "banditspec" / "config.pbtxt")
     assert {e.name for e in config.input} == set(INPUT_KINDS)

@@ -191,9 +191,9 @@ def _build_module():
 
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory) -> Path:
-    from banditspec_client.fill_template import fill_repository
+    from banditspec_server.fill_template import fill_repository
 
-    from banditspec_client.fill_template import fill_template
+    from banditspec_server.fill_template import fill_template
 
     build = _build_module()
     spec = build.BuildSpec(target_hf=Path("/m/t"), draft_hf=Path("/m/d"), out_dir=Path("/m/o"),

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from banditspec.config import GenerationRequest
-from banditspec.decoder import SpeculativeDecoder
-from banditspec.decoding import run_to_completion
+from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.session import run_to_completion
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import PROMPT, ScriptedDrafter, always_wrong, oracle
@@ -119,7 +119,7 @@ def test_more_than_gamma_plus_one_tokens_is_an_engine_fault():
 
 def test_the_throughput_reward_counts_the_extra_tokens_and_the_accepted_reward_does_not():
     from banditspec.bandits.cost_model import CostModel
-    from banditspec.rewards import AcceptedLengthReward, ThroughputReward
+    from banditspec.decoding.rewards import AcceptedLengthReward, ThroughputReward
 
     cost = CostModel(5)
     plain = cost.verify_seconds(1)
@@ -160,7 +160,7 @@ def test_the_cost_model_learns_the_verify_pass_apart_from_the_decode_on():
         def observe_overhead(self, seconds):
             pass
 
-    from banditspec.decoding import DecodingSession
+    from banditspec.decoding.session import DecodingSession
 
     session = DecodingSession.__new__(DecodingSession)
     session._cost_model, session._rounds = Recorder(), None

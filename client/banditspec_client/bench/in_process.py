@@ -69,7 +69,7 @@ class InProcessRunner:
         return split_available(methods, unserved, self.adaptive_arms, "no drafter available")
 
     def _decoder(self, method: Method):
-        from banditspec.decoder import SpeculativeDecoder
+        from banditspec.decoding.decoder import SpeculativeDecoder
 
         if method.name not in self._decoders:
             drafters = dict(self.shared_drafters)
@@ -77,7 +77,7 @@ class InProcessRunner:
                 drafters.update(self._build(["suffix"]))  # a private global trie
             decoder = SpeculativeDecoder.for_engine(self.engine, drafters, default_arms=self.adaptive_arms)
             if method.policy == "costaware":
-                from banditspec.runtime import calibrate_cost_model
+                from banditspec.serving.runtime import calibrate_cost_model
 
                 calibrate_cost_model(decoder, self.engine)  # as load_local does: its cost model
             self._decoders[method.name] = decoder
@@ -85,7 +85,7 @@ class InProcessRunner:
 
     def run(self, prompt: Prompt, method: Method, max_tokens: int) -> RunRecord:
         from banditspec.config import GenerationRequest
-        from banditspec.decoding import run_to_completion
+        from banditspec.decoding.session import run_to_completion
         from banditspec.text import prompt_ids
 
         decoder = self._decoder(method)

@@ -34,7 +34,7 @@ from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import Conversation
 
 if TYPE_CHECKING:
-    from banditspec_client.openai_api.server import OpenAIServer
+    from banditspec_server.openai_api.server import OpenAIServer
 
 CACHE_ENTRIES = 16  # the target's default (model_repository/target/config.pbtxt)
 CONTROL_MAX_TOKENS = 1
@@ -128,8 +128,8 @@ class ConversationRunner:
         self.tokenizer = None
 
     def __enter__(self) -> "ConversationRunner":
-        from banditspec_client.openai_api.server import OpenAIServer, load_tokenizer
-        from banditspec_client.serve import free_port
+        from banditspec_server.openai_api.server import OpenAIServer, load_tokenizer
+        from banditspec_server.serve import free_port
 
         self.triton.__enter__()
         try:

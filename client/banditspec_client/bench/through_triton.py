@@ -27,7 +27,7 @@ import numpy as np
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
 from banditspec_client.bench.runner import RunSettings, split_available
 from banditspec_client.bench.workloads import Prompt
-from banditspec_client.supervisor import group_cpu_seconds
+from banditspec_server.supervisor import group_cpu_seconds
 
 CONTROLLER = "banditspec"
 PROBE_PROMPT = "Say hello."
@@ -82,7 +82,7 @@ class TritonRunner:
     # -- server lifetime -------------------------------------------------------------
     def __enter__(self) -> "TritonRunner":
         from banditspec.paths import cache_dir
-        from banditspec_client.serve import SOURCE_REPOSITORY, TritonServer
+        from banditspec_server.serve import SOURCE_REPOSITORY, TritonServer
 
         copies = sorted({name for name in self.model_for.values() if name != CONTROLLER})
         self._workdir = Path(tempfile.mkdtemp(prefix="bench-repo-", dir=cache_dir()))

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def soak(model: str, requests: int, concurrency: int, *, seed: int = 0, sample_every_s: float = 2.0,
          target_cache_entries: int | None = None, log_path: Path | None = None) -> SoakReport:
     """Start a server, run the soak, stop the server; everything judged in the report."""
-    from banditspec_client.serve import TritonServer
+    from banditspec_server.serve import TritonServer
 
     reference = VanillaReference(model)
     cases = build_workload(requests, seed=seed)

@@ -1,7 +1,7 @@
 """The soak's expected text: plain greedy decoding of the target in this process.
 
 Written apart from the code the soak checks: the target engine is called one token at a time
-through its verify contract (no drafter, no policy, no decoding loop of ``banditspec.decoding``),
+through its verify contract (no drafter, no policy, no decoding loop of ``banditspec.decoding.session``),
 and the stop rule is applied by :func:`cut_at_stop`, a separate implementation of what the
 server promises: generation ends at EOS (not emitted), at the end of the first stop word (the stop
 word not emitted; each stop word is tokenized on its own, as TensorRT-LLM does) or after

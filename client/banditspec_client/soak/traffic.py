@@ -84,7 +84,7 @@ def _outcomes(metrics_port: int) -> dict[str, float]:
 
 def run_soak(server, cases: list[SoakCase], reference: VanillaReference, *, concurrency: int = 8,
              sample_every_s: float = 2.0, rss_tolerance: float = 0.15, rss_slack_mb: float = 64.0) -> SoakReport:
-    """Run ``cases`` against a started :class:`~banditspec_client.serve.TritonServer`
+    """Run ``cases`` against a started :class:`~banditspec_server.serve.TritonServer`
     (the caller stops it), sampling its process tree; returns the judged report."""
     report = SoakReport(requests=len(cases))
     report.good = sum(c.kind == "good" for c in cases)

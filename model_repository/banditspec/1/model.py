@@ -1,8 +1,8 @@
 """Triton adapter for the BanditSpec controller (decoupled BLS model).
 
-Thin glue: request tensors -> numpy dict -> banditspec.serving.Controller, which runs
+Thin glue: request tensors -> numpy dict -> banditspec.serving.controller.Controller, which runs
 the decoding loop and calls `target` through BLS; responses stream back through the
-request's response sender. All decisions live in banditspec.serving."""
+request's response sender. All decisions live in banditspec.serving.controller."""
 
 import faulthandler
 import logging
@@ -14,11 +14,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from banditspec.errors import EngineError, model_down, parse_retry_after, retry_after_message
-from banditspec.heap import freeze_heap
+from banditspec.serving.heap import freeze_heap
 from banditspec.metrics import build_serving_metrics, triton_family_factory
-from banditspec.serving import INPUT_KINDS, stats_json
-from banditspec.serving_config import Parameters, ServingConfig, model_parameters
-from banditspec.serving_setup import build_controller
+from banditspec.serving.controller import INPUT_KINDS, stats_json
+from banditspec.serving.config import Parameters, ServingConfig, model_parameters
+from banditspec.serving.setup import build_controller
 
 log = logging.getLogger("banditspec.model")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -95,7 +95,7 @@ def wanted_extras(request, inputs):
 
 
 class TritonSink:
-    """banditspec.serving.ResponseSink over a decoupled response sender."""
+    """banditspec.serving.controller.ResponseSink over a decoupled response sender."""
 
     def __init__(self, sender, shutting_down, extras=frozenset(), indices=frozenset(), retry_after_s=DEFAULT_RETRY_AFTER_S):
         self._sender = sender

@@ -7,8 +7,8 @@ import triton_python_backend_utils as pb_utils
 
 from banditspec.drafters.eagle_service import EAGLE_INPUTS, call_from_tensors
 from banditspec.errors import BanditSpecValidationError
-from banditspec.heap import freeze_heap
-from banditspec.serving_config import EagleModelConfig, model_parameters
+from banditspec.serving.heap import freeze_heap
+from banditspec.serving.config import EagleModelConfig, model_parameters
 
 log = logging.getLogger("banditspec.eagle")
 

@@ -14,9 +14,9 @@ from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
 from banditspec.engine.reference import validate_request
 from banditspec.engine.tensor_codec import decode_requests, encode_results
 from banditspec.errors import BanditSpecValidationError
-from banditspec.heap import freeze_heap
+from banditspec.serving.heap import freeze_heap
 from banditspec.metrics import TargetEngineMetrics, sample_engine, triton_family_factory
-from banditspec.serving_config import TargetModelConfig, model_parameters
+from banditspec.serving.config import TargetModelConfig, model_parameters
 
 INPUT_NAMES = tuple(TARGET_INPUTS) + tuple(REFERENCE_EXTRA_INPUTS)
 log = logging.getLogger("banditspec.target")

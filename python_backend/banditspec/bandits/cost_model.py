@@ -233,7 +233,7 @@ class CostModel:
 
     def refresh(self) -> None:
         """Refit now when it is due (:meth:`_current`), so that the next :meth:`curve` finds
-        the fit done (a caller with time to spare: banditspec.bookkeeping)."""
+        the fit done (a caller with time to spare: banditspec.decoding.bookkeeping)."""
         with self._lock:
             self._current()
 

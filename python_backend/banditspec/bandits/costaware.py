@@ -28,7 +28,7 @@ suffix depth, REST match), in buckets; whether another drafter agrees on the nex
 and whether the drafter's previous proposal had its first token right.
 
 Information: cheap drafters (PLD, suffix) propose every round whether chosen or not, REST
-whenever it could beat them (:mod:`banditspec.costaware_rounds`); once the target's tokens
+whenever it could beat them (:mod:`banditspec.decoding.costaware_rounds`); once the target's tokens
 at those positions are known, each proposal's would-be accepted length is scored (full
 information). Costly drafters (Eagle, a draft engine)
 learn only when pulled, with an optimism bonus on the first position (sized by the

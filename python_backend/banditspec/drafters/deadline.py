@@ -1,7 +1,7 @@
 """A drafter's proposal under a per-step deadline: the one thread of the decoding loop.
 
 :class:`ProposeWorker` runs one request's ``propose()`` calls on a private daemon thread, so
-that a request (:class:`banditspec.drafting.RequestDrafters`) can stop waiting for a drafter
+that a request (:class:`banditspec.decoding.drafting.RequestDrafters`) can stop waiting for a drafter
 that overruns its deadline; :class:`ProposeTimeout` says it did.
 """
 

@@ -26,13 +26,12 @@ import torch
 from banditspec.checks import is_int
 from banditspec.drafters.base import Draft, Preview, first_feature
 from banditspec.engine.fast_llama import Int8Linear
-from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS
+from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS, EAGLE_HEADS, check_eagle_head
 from banditspec.eagle.fast_step import FastEagleStep, KVBuffer
 from banditspec.eagle.head import EagleHead, load_head
 from banditspec.eagle.head3 import Eagle3Head, head_format, head_info, load_head3
 from banditspec.eagle.probe import FirstTokenProbe, head_probe
 from banditspec.errors import BanditSpecValidationError
-from banditspec.serving_config import EAGLE_HEADS, check_eagle_head
 
 # The served head. The EAGLE-3 head ships too and accepts more tokens a step, but as
 # costaware's arm its dearer pulls earn no more than EAGLE-1's (docs/eagle.md), so EAGLE-1
@@ -141,7 +140,7 @@ class EagleDrafter:
                 raise BanditSpecValidationError(field, f"must be None or an int >= 1, got {window!r}")
         self.prompt_window = prompt_window
         self.catchup_window = catchup_window
-        self.previews = bool(previews)  # read by banditspec.costaware_rounds
+        self.previews = bool(previews)  # read by banditspec.decoding.costaware_rounds
         self.min_confidence = float(min_confidence)
         cfg = head.config
         if embedding.ndim != 2 or tuple(embedding.shape) != (cfg.target_vocab_size, cfg.hidden_size):

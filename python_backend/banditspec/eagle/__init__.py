@@ -11,6 +11,19 @@ serving package, in ``banditspec_train.eagle`` (training/), which nothing here i
 
 from pathlib import Path
 
+from banditspec.errors import BanditSpecValidationError
+
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 EAGLE1_WEIGHTS = WEIGHTS_DIR / "eagle-smollm2.safetensors"
 EAGLE3_WEIGHTS = WEIGHTS_DIR / "eagle3-smollm2.safetensors"
+
+# the shipped heads by name; a serving configuration names one of them (or "" for the default)
+EAGLE_HEADS = ("eagle1", "eagle3")
+
+
+def check_eagle_head(name: str) -> str:
+    """A shipped head's name, checked: "" | eagle1 | eagle3 (error names ``eagle_head``)."""
+    name = name.strip()
+    if name and name not in EAGLE_HEADS:
+        raise BanditSpecValidationError("eagle_head", f"unknown head {name!r}; choose from {', '.join(EAGLE_HEADS)} or \"\"")
+    return name

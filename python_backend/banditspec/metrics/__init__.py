@@ -3,7 +3,7 @@
 (:mod:`.prometheus`), and the observer that feeds them from the controller (:mod:`.hub`).
 
 ``build_serving_metrics`` is what the Triton ``banditspec`` model calls; its
-``config.pbtxt`` parameters (read by :class:`~banditspec.serving_config.ServingConfig`):
+``config.pbtxt`` parameters (read by :class:`~banditspec.serving.config.ServingConfig`):
 ``metrics`` ("true"/"false") and ``metrics_log_interval_s`` (seconds between summary log
 lines; "0" = none).
 """
@@ -22,8 +22,8 @@ from banditspec.metrics.prometheus import (
     triton_family_factory,
 )
 from banditspec.metrics.stats import ServingStats, StatsSnapshot, sample_engine
-from banditspec.outcomes import OUTCOMES
-from banditspec.serving_config import ParameterSource, ServingConfig
+from banditspec.serving.outcomes import OUTCOMES
+from banditspec.serving.config import ParameterSource, ServingConfig
 
 __all__ = [
     "MetricFamilyFactory",

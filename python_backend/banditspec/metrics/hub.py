@@ -21,7 +21,7 @@ EXPORT_INTERVAL_S = 0.1
 
 
 class ServingMetrics:
-    """Observer of a :class:`banditspec.serving.Controller` (see :meth:`attach`).
+    """Observer of a :class:`banditspec.serving.controller.Controller` (see :meth:`attach`).
 
     ``stats`` always runs (in memory, at once); ``exporter`` (Prometheus) and ``summary`` (log
     lines) are optional. ``export_interval_s``: steps reach the exporter (and the target's
@@ -73,7 +73,7 @@ class ServingMetrics:
         return self
 
     def on_step(self, event) -> None:
-        """event: a banditspec.results.StepEvent."""
+        """event: a banditspec.decoding.results.StepEvent."""
         emitted = len(event.new_token_ids)
         self.stats.record_step(event.arm, event.drafted, event.accepted, emitted)
         if not self._exporting:
@@ -118,7 +118,7 @@ class ServingMetrics:
             self.exporter.set_ready(True)
 
     def on_request_done(self, outcome: str, speculation_stats=None) -> None:
-        """speculation_stats: the request's banditspec.results.SpeculationStats, or None."""
+        """speculation_stats: the request's banditspec.decoding.results.SpeculationStats, or None."""
         dropped = speculation_stats.dropped_arms if speculation_stats is not None else {}
         failures = self.stats.record_request(outcome, dropped)
         self.flush()  # a request's steps are out before its outcome is counted (nothing queued: a no-op)

@@ -63,7 +63,7 @@ class ArmCounts:
 class StatsSnapshot:
     """A consistent copy of :class:`ServingStats` at one moment."""
 
-    requests: dict[str, int]  # outcome -> requests (outcomes of banditspec.outcomes.OUTCOMES)
+    requests: dict[str, int]  # outcome -> requests (outcomes of banditspec.serving.outcomes.OUTCOMES)
     active_sequences: int
     steps: int
     emitted_tokens: int  # tokens streamed to clients

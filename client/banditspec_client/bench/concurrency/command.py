@@ -236,7 +236,7 @@ def run(args) -> int:
     from banditspec_client.bench.concurrency.summary import write_report
     from banditspec_client.bench.workloads import load_workload
     from banditspec_client.bench.through_triton import bench_repository
-    from banditspec_client.serve import SOURCE_REPOSITORY, TritonServer
+    from banditspec_server.serve import SOURCE_REPOSITORY, TritonServer
 
     levels = _ints(args.concurrency)
     methods = parse_methods(args.methods)
@@ -395,7 +395,7 @@ def _repository_default(key: str, model: str = "banditspec") -> str:
     """A parameter's value in the model repository's config (what the server runs with)."""
     import re
 
-    from banditspec_client.serve import SOURCE_REPOSITORY
+    from banditspec_server.serve import SOURCE_REPOSITORY
 
     text = (SOURCE_REPOSITORY / model / "config.pbtxt").read_text()
     found = re.search(r'key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text)

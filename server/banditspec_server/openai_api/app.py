@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from banditspec.errors import model_down, parse_retry_after, retry_after_message
 from banditspec.text import render_chat, text_ids
-from banditspec_client.openai_api.triton import Chunk, ModelFacts, TritonBackend, TritonError
+from banditspec_server.openai_api.triton import Chunk, ModelFacts, TritonBackend, TritonError
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 # banditspec input -> the OpenAI field a client sent it as (for the error's "param")

@@ -503,7 +503,7 @@ TRACE_ENV = "BANDITSPEC_SUPERVISOR_TRACE"
 
 
 class Supervisor:
-    """Keeps a :class:`~banditspec_client.serve.TritonServer` serving (see the module doc)."""
+    """Keeps a :class:`~banditspec_server.serve.TritonServer` serving (see the module doc)."""
 
     def __init__(
         self,

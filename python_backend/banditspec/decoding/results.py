@@ -1,6 +1,6 @@
 """What decoding produces: per-step events, a request's speculation statistics and its
 result, and the finish reasons. Plain data, shared by the step protocol
-(:mod:`banditspec.decoding`), the Triton adapter and the benchmarks."""
+(:mod:`banditspec.decoding.session`), the Triton adapter and the benchmarks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Build the serving controller from the ``banditspec`` model's configuration
-(:class:`~banditspec.serving_config.ServingConfig`, read once from config.pbtxt parameters).
+(:class:`~banditspec.serving.config.ServingConfig`, read once from config.pbtxt parameters).
 
 Paths and models come only from there, never from a request."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from banditspec.gamma_controller import make_gamma_budget
 from banditspec.engine.uniform_inputs import with_empty_drafts
-from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.drafters.registry import build_drafters
 from banditspec.engine.contract import Engine
 from banditspec.engine.gather import VerifyGatherer
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
-from banditspec.serving import Controller, ServingDefaults
-from banditspec.serving_config import ParameterSource, ServingConfig
+from banditspec.serving.controller import Controller, ServingDefaults
+from banditspec.serving.config import ParameterSource, ServingConfig
 
 
 def load_serving_tokenizer(params: ParameterSource):
@@ -94,7 +94,7 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
         max_queue_size=config.max_queue_size,
         max_queue_wait_s=config.max_queue_wait_s,
     )
-    from banditspec.runtime import calibrate_cost_model
+    from banditspec.serving.runtime import calibrate_cost_model
 
     controller = Controller(decoder, served, tokenizer, defaults,
                             calibrate=lambda: calibrate_cost_model(decoder, engine))  # timed alone, never gathered

@@ -1,6 +1,6 @@
 """The shared half of decoding: one :class:`SpeculativeDecoder` per process holds the
 drafters, limits, the target's facts and the server-wide statistics (cost model, drafter
-acceptance); :meth:`SpeculativeDecoder.start` opens a :class:`~banditspec.decoding.DecodingSession`
+acceptance); :meth:`SpeculativeDecoder.start` opens a :class:`~banditspec.decoding.session.DecodingSession`
 per request."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Iterable, Mapping, Sequence
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import OBJECTIVES, SharedAcceptance
 from banditspec.bandits.registry import ResolvedPolicy, resolve_policy
-from banditspec.bookkeeping import make_bookkeeper
+from banditspec.decoding.bookkeeping import make_bookkeeper
 from banditspec.config import GenerationRequest, Limits, validate_request
-from banditspec.decoding import DecodingSession
+from banditspec.decoding.session import DecodingSession
 from banditspec.drafters.base import Drafter
 from banditspec.engine.contract import Engine
 from banditspec.errors import BanditSpecValidationError
@@ -63,7 +63,7 @@ class SpeculativeDecoder:
         if costaware_objective not in OBJECTIVES:
             raise BanditSpecValidationError("costaware_objective", f"must be one of {OBJECTIVES}, got {costaware_objective!r}")
         self.costaware_objective = costaware_objective
-        # when a costaware step's learning runs (banditspec.bookkeeping): "now" (within the
+        # when a costaware step's learning runs (banditspec.decoding.bookkeeping): "now" (within the
         # step), "deferred" (after the next choice, same thread) or "background" (a thread,
         # while the target verifies the next round)
         self.bookkeeper = make_bookkeeper(bookkeeping)

@@ -9,7 +9,7 @@ misspelt key is a server that fails (or misbehaves) at load time on a GPU box.
 
 CLI (the interface shape of TensorRT-LLM's ``tools/fill_template.py``)::
 
-    python -m banditspec_client.fill_template -i target/config.pbtxt \\
+    python -m banditspec_server.fill_template -i target/config.pbtxt \\
         engine_dir:/engines/target,triton_max_batch_size:8
 
 ``-i`` rewrites the file in place, otherwise the result goes to stdout. A comma inside
@@ -142,7 +142,7 @@ def parse_substitutions(text: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m banditspec_client.fill_template", description=__doc__.split("\n\n")[0]
+        prog="python -m banditspec_server.fill_template", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("file", type=Path, help="config.pbtxt template")
     parser.add_argument("substitutions", help="key:value[,key:value...] (escape commas in values as \\,)")

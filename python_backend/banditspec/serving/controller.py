@@ -17,13 +17,13 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from banditspec.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused, AdmissionSnapshot
+from banditspec.serving.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused, AdmissionSnapshot
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, GenerationRequest
-from banditspec.decoder import SpeculativeDecoder
-from banditspec.decoding import generate
+from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.session import generate
 from banditspec.engine.contract import Engine
 from banditspec.errors import BanditSpecValidationError, EngineError, retry_after_message
-from banditspec.outcomes import (  # how a request ended (Controller.on_request_done)
+from banditspec.serving.outcomes import (  # how a request ended (Controller.on_request_done)
     OUTCOME_BUSY,
     OUTCOME_CANCELLED,
     OUTCOME_INTERNAL,
@@ -33,7 +33,7 @@ from banditspec.outcomes import (  # how a request ended (Controller.on_request_
     OUTCOMES as OUTCOMES,  # re-exported: the label values of the requests metric
 )
 from banditspec.text import IncrementalDetokenizer, bad_word_sequences, prompt_ids, stop_sequences
-from banditspec import trtllm_compat
+from banditspec.serving import trtllm_compat
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ INPUT_KINDS: dict[str, str] = {
     "arms": "text_list",
     "max_draft_len": "int",
     "reward": "text",
-    # TensorRT-LLM's ensemble / tensorrt_llm_bls inputs: honoured or refused (banditspec.trtllm_compat)
+    # TensorRT-LLM's ensemble / tensorrt_llm_bls inputs: honoured or refused (banditspec.serving.trtllm_compat)
     **{k: v for k, v in trtllm_compat.input_kinds().items() if k not in ("text_input", "max_tokens", "stream",
                                                                           "temperature", "random_seed", "stop_words")},
 }
@@ -190,7 +190,7 @@ def _tensor_values(inputs: Mapping[str, np.ndarray | None]) -> dict:
         if tensor is None:
             continue
         arr = np.asarray(tensor)
-        if kind == "tensor":  # only its presence matters (banditspec.trtllm_compat refuses it)
+        if kind == "tensor":  # only its presence matters (banditspec.serving.trtllm_compat refuses it)
             values[name] = arr
             continue
         if kind == "text_list":

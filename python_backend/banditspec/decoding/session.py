@@ -5,15 +5,15 @@ for the next :class:`VerifyRequest` (the session chooses an arm with its policy 
 that arm's drafter propose), runs the engine however it likes, alone or batched with
 other sessions, and hands the :class:`VerifyResult` back to :meth:`DecodingSession.apply`,
 which appends the accepted tokens, rewards the policy and returns a
-:class:`~banditspec.results.StepEvent` with the tokens that are now safe to stream.
+:class:`~banditspec.decoding.results.StepEvent` with the tokens that are now safe to stream.
 :func:`generate` is the simplest driver.
 
 A request owns everything it changes: its policy, its reward state, its drafter
-sessions (:class:`~banditspec.drafting.RequestDrafters`) and its trace. What is shared
+sessions (:class:`~banditspec.decoding.drafting.RequestDrafters`) and its trace. What is shared
 across requests (drafters, limits, engine facts, server-wide statistics) is the
-:class:`~banditspec.decoder.SpeculativeDecoder` that starts it (seen here through
+:class:`~banditspec.decoding.decoder.SpeculativeDecoder` that starts it (seen here through
 :class:`DecoderView`). The costaware controller's rounds live in
-:mod:`banditspec.costaware_rounds`; the result types in :mod:`banditspec.results`.
+:mod:`banditspec.decoding.costaware_rounds`; the result types in :mod:`banditspec.decoding.results`.
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ import numpy as np
 from banditspec.bandits.base import Policy
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import CostAwarePolicy, SharedAcceptance
-from banditspec.costaware_rounds import CostAwareRounds
+from banditspec.decoding.costaware_rounds import CostAwareRounds
 from banditspec.bandits.registry import COSTAWARE, ResolvedPolicy, build_policy
-from banditspec.bookkeeping import Bookkeeper
+from banditspec.decoding.bookkeeping import Bookkeeper
 from banditspec.config import VANILLA_ARM, ArmSpec, GenerationRequest
 from banditspec.drafters.base import Draft, Drafter, Preview, first_feature
-from banditspec.drafting import RequestDrafters
+from banditspec.decoding.drafting import RequestDrafters
 from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
 from banditspec.gamma_controller.budget import SpeculationBudget
-from banditspec.results import (
+from banditspec.decoding.results import (
     FINISH_CANCELLED,
     FINISH_EOS,
     FINISH_LENGTH,
@@ -44,11 +44,11 @@ from banditspec.results import (
     SpeculationStats,
     StepEvent,
 )
-from banditspec.rewards import make_reward
+from banditspec.decoding.rewards import make_reward
 
 
 class DecoderView(Protocol):
-    """What a session reads from the decoder that started it (banditspec.decoder)."""
+    """What a session reads from the decoder that started it (banditspec.decoding.decoder)."""
 
     drafters: dict[str, Drafter]
     vocab_size: int
@@ -246,7 +246,7 @@ class DecodingSession:
             self._finish(FINISH_CANCELLED)
 
     def settle(self, step: int | None = None) -> None:
-        """The last step's bookkeeping (:mod:`banditspec.bookkeeping`), if it is still to do
+        """The last step's bookkeeping (:mod:`banditspec.decoding.bookkeeping`), if it is still to do
         (``step``: only if the last step is that one, counted from 0); callable from any
         thread, runs once. An error in it is raised by the next :meth:`apply`."""
         with self._settle_lock:

@@ -10,7 +10,7 @@ Triton, while the controller's process has nothing to do during the target's ~30
 forward. ``"background"`` runs it there: the session hands it, after choosing the next
 round, to a :class:`BackgroundBookkeeper` thread, which runs it while the caller waits for
 the target (a BLS call and the reference engine's kernels release the GIL); the next
-:meth:`~banditspec.decoding.DecodingSession.apply` waits for it (it is long done by then).
+:meth:`~banditspec.decoding.session.DecodingSession.apply` waits for it (it is long done by then).
 ``"deferred"`` runs it at the same point of the protocol on the caller's thread: the same
 choices as ``"background"``, deterministic, for the replay evaluator and tests.
 

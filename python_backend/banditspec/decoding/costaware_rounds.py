@@ -207,7 +207,7 @@ class CostAwareRounds:
     def note_firsts(self, sequence: Sequence[int]) -> None:
         """What :meth:`score` concludes about each drafter's latest decided first token
         (the next round's context), alone: when the scoring itself is deferred
-        (banditspec.bookkeeping), the next round still knows whether each drafter was just
+        (banditspec.decoding.bookkeeping), the next round still knows whether each drafter was just
         right."""
         known = len(sequence)
         for drafter, _, start, tokens, _ in self._open:

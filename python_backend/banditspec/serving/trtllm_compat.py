@@ -104,7 +104,7 @@ OWN_INPUTS: dict[str, tuple[str, list[int]]] = {
 }
 OWN_OUTPUTS: dict[str, tuple[str, list[int]]] = {"speculation_stats": ("TYPE_STRING", [1])}
 
-# How the request parser reads each input (banditspec.serving.parse_inputs kinds); "tensor"
+# How the request parser reads each input (banditspec.serving.controller.parse_inputs kinds); "tensor"
 # inputs are only checked for presence (they are refused whenever they are sent).
 _KIND_OF_TYPE = {"TYPE_BOOL": "bool", "TYPE_FP32": "float", "TYPE_INT32": "int", "TYPE_UINT64": "int"}
 TENSOR_INPUTS = (

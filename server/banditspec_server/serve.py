@@ -369,7 +369,7 @@ class TritonServer:
             start_new_session=True,
         )
         self._output = _OutputTail(self.process.stdout, self.log_path)
-        from banditspec_client.supervisor import StubWatch
+        from banditspec_server.supervisor import StubWatch
 
         self.watch = StubWatch(self.process.pid)
         return self
@@ -468,7 +468,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        from banditspec_client.supervisor import remove_regions, wait_group_gone
+        from banditspec_server.supervisor import remove_regions, wait_group_gone
 
         _kill_group(proc.pid)
         wait_group_gone(proc.pid, timeout=5)  # a SIGKILLed stub is gone a moment after the signal
@@ -632,7 +632,7 @@ def run(args) -> int:
     signal.signal(signal.SIGINT, on_signal)
     print(f"starting tritonserver (model {args.model}; log: {args.log_file}) ...", file=sys.stderr, flush=True)
     openai_api = None
-    from banditspec_client.supervisor import Availability
+    from banditspec_server.supervisor import Availability
 
     availability = Availability()  # the start-up time measured here is what clients are told to wait
     try:
@@ -648,7 +648,7 @@ def run(args) -> int:
             print(f"tritonserver exited during start-up: {exc}", file=sys.stderr, flush=True)
             return 1
         if not stop["requested"] and getattr(args, "openai", False):
-            from banditspec_client.openai_api.server import OpenAIServer
+            from banditspec_server.openai_api.server import OpenAIServer
 
             openai_host = args.openai_host or getattr(args, "host", "127.0.0.1")
             openai_api = OpenAIServer(server.grpc_url, host=openai_host, port=args.openai_port, model=args.model,
@@ -664,7 +664,7 @@ def run(args) -> int:
             )
         if stop["requested"]:
             return 0
-        from banditspec_client.supervisor import Supervisor
+        from banditspec_server.supervisor import Supervisor
 
         print(f"restricted APIs ({RESTRICTED_APIS}) need the header 'admin-key' "
               f"({'from ' + ADMIN_KEY_ENV if os.environ.get(ADMIN_KEY_ENV) else 'random key: locked'})",

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from banditspec.bandits.cost_model import CALIBRATION_CONTEXTS, calibration_plan
 from banditspec.config import Limits
-from banditspec.decoder import SpeculativeDecoder
+from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.drafters.registry import build_drafters
 
 DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle", "copy")

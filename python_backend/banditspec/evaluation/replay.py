@@ -7,7 +7,7 @@ greedy tokens plus, at EVERY position, each cheap drafter's proposal of L tokens
 any policy be replayed exactly: target calls, tokens fed, drafted and accepted tokens,
 and time through a cost model of the platform.
 
-The replay drives the real decoding loop (:class:`~banditspec.decoding.DecodingSession`
+The replay drives the real decoding loop (:class:`~banditspec.decoding.session.DecodingSession`
 with the real policies) against :class:`ReplayEngine` and :class:`ReplayDrafter`
 stand-ins and a virtual clock that advances by the platform's cost of each round, so
 what is measured is the shipped code's behaviour, not a re-implementation of it.
@@ -304,11 +304,11 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
     propose only when chosen (Eagle); ``preview_seconds``: drafter -> seconds per preview,
     for the costly drafters replayed with previews on (when recorded); ``objective``:
     costaware's (bandits.costaware); ``bookkeeping``: when a step's learning runs
-    (banditspec.bookkeeping; "background" is replayed as "deferred", its choices)."""
+    (banditspec.decoding.bookkeeping; "background" is replayed as "deferred", its choices)."""
     costly, preview_seconds = costly or {}, preview_seconds or {}
     from banditspec.config import GenerationRequest, Limits
-    from banditspec.decoder import SpeculativeDecoder
-    from banditspec.decoding import run_to_completion
+    from banditspec.decoding.decoder import SpeculativeDecoder
+    from banditspec.decoding.session import run_to_completion
 
     clock = VirtualClock()
     engine = ReplayEngine(traces, platform, clock, eos_id=eos_id)

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Union
 
 from banditspec.bandits.registry import check_policy
-from banditspec.bookkeeping import check_bookkeeping
+from banditspec.decoding.bookkeeping import check_bookkeeping
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, REWARD_CHOICES, Limits
+from banditspec.eagle import check_eagle_head
 from banditspec.errors import BanditSpecValidationError
 
 TARGET_KINDS = ("reference", "tensorrtllm")
@@ -100,7 +101,7 @@ class ServingConfig:
     max_concurrent_sequences: int = 8
     # Requests beyond max_concurrent_sequences wait (first come, first served) in a queue of
     # max_queue_size (default 4 x max_concurrent_sequences) for at most max_queue_wait_s;
-    # only a full queue or an expired wait is refused, with a retry-after (banditspec.admission).
+    # only a full queue or an expired wait is refused, with a retry-after (banditspec.serving.admission).
     max_queue_size: int = 32
     max_queue_wait_s: float = 60.0
     limits: Limits = field(default_factory=lambda: Limits(max_prompt_tokens=1536))
@@ -109,9 +110,9 @@ class ServingConfig:
     gamma_controller_max: int = 4
     metrics: bool = True
     metrics_log_interval_s: float = 60.0  # 0: no summary log line
-    gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.heap)
+    gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.serving.heap)
     # when a costaware step's learning runs: "background" (while the target verifies the next
-    # round) | "deferred" | "now" (within the step) (banditspec.bookkeeping)
+    # round) | "deferred" | "now" (within the step) (banditspec.decoding.bookkeeping)
     bookkeeping: str = "background"
     # Reference target: concurrent sequences' steps go out as one request of up to
     # verify_max_rows rows (the target's max_batch_size), a step waiting at most
@@ -184,7 +185,7 @@ class TargetModelConfig:
     cache_entries: int = 16
     torch_threads: int = 0  # 0: torch's default
     kernels: str = "fast"  # fast (panel, bitwise exact) | onednn | transformers (fp32) | int8 (not exact)
-    gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.heap)
+    gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.serving.heap)
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "TargetModelConfig":
@@ -209,7 +210,7 @@ class EagleModelConfig:
     min_confidence: float | None = None  # None (absent or ""): the head's own tuned cut-off
     eagle_head: str = ""  # "" (default) | eagle1 | eagle3: the shipped head served
     torch_threads: int = 1
-    gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.heap)
+    gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.serving.heap)
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> "EagleModelConfig":
@@ -225,13 +226,3 @@ class EagleModelConfig:
             gc_freeze=p.flag("gc_freeze", True),
         )
 
-
-EAGLE_HEADS = ("eagle1", "eagle3")  # the shipped Eagle heads (banditspec.drafters.eagle.HEADS)
-
-
-def check_eagle_head(name: str) -> str:
-    """A shipped head's name, checked: "" | eagle1 | eagle3 (error names ``eagle_head``)."""
-    name = name.strip()
-    if name and name not in EAGLE_HEADS:
-        raise BanditSpecValidationError("eagle_head", f"unknown head {name!r}; choose from {', '.join(EAGLE_HEADS)} or \"\"")
-    return name

@@ -11,13 +11,13 @@ from typing import Callable
 
 import uvicorn
 
-from banditspec_client.openai_api.app import create_app
+from banditspec_server.openai_api.app import create_app
 
 DEFAULT_PORT = 9000
 
 
 def load_tokenizer(model: str, tokenizer_dir: str = ""):
-    from banditspec.serving_setup import load_serving_tokenizer
+    from banditspec.serving.setup import load_serving_tokenizer
 
     return load_serving_tokenizer({"target_model": model, "tokenizer_dir": tokenizer_dir})
 
