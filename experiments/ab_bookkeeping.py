@@ -14,10 +14,9 @@ and server-wide statistics); the target and eagle models are shared.
 import dataclasses
 import sys
 
+from ab_common import WORKLOADS, held_out, interleaved, report, triton_runner
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
-
-from ab_common import WORKLOADS, held_out, interleaved, report, triton_runner
 
 n, skip, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 workloads = tuple(sys.argv[4].split(",")) if len(sys.argv) > 4 else WORKLOADS

@@ -6,7 +6,7 @@ seconds, ms outside the target over the decode steps, decode steps, output diges
 """
 
 import json
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 COLUMNS = ["workload", "prompt", "method", "tokens", "seconds", "decode_seconds", "rest_of_steps_ms", "decode_steps",
            "digest"]
@@ -36,8 +36,8 @@ def triton_runner(methods: Sequence, parameters: Callable[[object], dict], model
     """A TritonRunner class that serves each method from its own copy of the controller model
     (its own cost model and server-wide statistics) with ``parameters(method)`` set on it, and
     ``models`` ({model name: parameters}) set on the server's other models."""
-    from banditspec_server import serve
     from banditspec_client.bench import through_triton
+    from banditspec_server import serve
 
     class Runner(through_triton.TritonRunner):
         def __enter__(self):

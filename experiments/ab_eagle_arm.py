@@ -11,12 +11,10 @@ import dataclasses
 import sys
 
 import torch
-
+from ab_common import held_out, interleaved, report
 from banditspec_client.bench.in_process import InProcessRunner
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
-
-from ab_common import held_out, interleaved, report
 
 torch.set_num_threads(1)
 n, skip, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]

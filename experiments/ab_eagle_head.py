@@ -13,13 +13,11 @@ import sys
 from pathlib import Path
 
 import torch
-
+from ab_common import held_out, interleaved, report
 from banditspec.drafters.eagle import load_default_eagle_drafter
 from banditspec_client.bench.in_process import InProcessRunner
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
-
-from ab_common import held_out, interleaved, report
 
 mode, n, skip, weights, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
 torch.set_num_threads(1)

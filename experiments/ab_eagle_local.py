@@ -9,11 +9,10 @@ SmolLM2-135M fp32, 1 torch thread, 64 tokens, default settings otherwise.
 import dataclasses
 import sys
 
+from ab_common import WORKLOADS, interleaved, report, triton_runner
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import load_workload
-
-from ab_common import WORKLOADS, interleaved, report, triton_runner
 
 n, seed, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 base = parse_methods("costaware")[0]

@@ -15,12 +15,10 @@ import dataclasses
 import sys
 
 import torch
-
+from ab_common import WORKLOADS, held_out, interleaved, report, triton_runner
 from banditspec_client.bench.in_process import InProcessRunner
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
-
-from ab_common import WORKLOADS, held_out, interleaved, report, triton_runner
 
 mode, n, skip, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 workloads = tuple(sys.argv[5].split(",")) if len(sys.argv) > 5 else WORKLOADS

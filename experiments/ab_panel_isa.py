@@ -10,14 +10,12 @@ import dataclasses
 import sys
 
 import torch
-
+from ab_common import WORKLOADS, report, row
 from banditspec.engine import panel_kernel
 from banditspec_client.bench.in_process import InProcessRunner
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import load_workload
-
-from ab_common import WORKLOADS, report, row
 
 torch.set_num_threads(1)
 n, seed, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]

@@ -19,11 +19,10 @@ from time import perf_counter
 
 import numpy as np
 import torch
-from tqdm import tqdm
-
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.fast_llama import PREFILL_CHUNK
 from banditspec.engine.reference import ReferenceEngine
+from tqdm import tqdm
 
 ONE_PASS = 1 << 30
 

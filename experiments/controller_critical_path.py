@@ -17,6 +17,7 @@ Drafters pld, suffix, rest, copy (Eagle needs the target's features: not here).
 import json
 import sys
 import time
+from pathlib import Path
 
 from banditspec.bandits.cost_model import CostModel
 from banditspec.config import GenerationRequest, Limits
@@ -31,7 +32,7 @@ DRAFTERS = ["pld", "suffix", "rest", "copy"]
 path, n = sys.argv[1], int(sys.argv[2])
 wait = (float(sys.argv[3]) if len(sys.argv) > 3 else 25.0) / 1000
 settings = sys.argv[4:] or ["costaware/now", "costaware/background"]
-traces = [Trace.from_dict(json.loads(line)) for line in open(path)][:n]
+traces = [Trace.from_dict(json.loads(line)) for line in Path(path).read_text().splitlines()][:n]
 tokenizer = load_tokenizer("smollm2")
 eos = int(tokenizer.eos_token_id)
 platform = CostModel.fixed([1.0 + 0.02 * k for k in range(9)], wait)

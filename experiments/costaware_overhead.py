@@ -15,18 +15,17 @@ import inspect
 import sys
 import time
 
-import torch
-
 import banditspec.bandits.cost_model as cost_model
 import banditspec.bandits.costaware as costaware
 import banditspec.decoding.costaware_rounds as rounds
+import banditspec.decoding.drafting as drafting
 import banditspec.decoding.session as decoding
 import banditspec.drafters.copy_pointer as copy_pointer
 import banditspec.drafters.eagle as eagle
 import banditspec.drafters.pld as pld
 import banditspec.drafters.rest as rest
 import banditspec.drafters.suffix_tree as suffix_tree
-import banditspec.decoding.drafting as drafting
+import torch
 from banditspec_client.bench.in_process import InProcessRunner
 from banditspec_client.bench.methods import parse_methods
 from banditspec_client.bench.runner import RunSettings

@@ -14,12 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 from banditspec.paths import cache_dir
 from banditspec_client.bench.workloads import load_workload
-from banditspec_server.serve import TritonServer
 from banditspec_client.triton_client import GenerationOptions, generate_grpc
+from banditspec_server.serve import TritonServer
+from tqdm import tqdm
 
 METHODS = {"vanilla": "vanilla", "default": None}
 

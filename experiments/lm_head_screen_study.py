@@ -19,7 +19,6 @@ import time
 
 import numpy as np
 import torch
-
 from banditspec.engine import panel_kernel
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.models import load_model

@@ -26,13 +26,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
-
 from banditspec.engine import panel_kernel
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.reference import ReferenceEngine
 from banditspec_client.bench.engine import decode_greedy
 from banditspec_client.bench.report import markdown_table, pyplot, save_png
+from tqdm import tqdm
 
 KS = (1, 2, 3, 5, 9, 17)
 PREFILLS = (150, 300, 600, 1200)

@@ -11,7 +11,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
 from ab_common import COLUMNS, tokens_per_second  # noqa: E402
 
 

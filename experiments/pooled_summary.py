@@ -12,11 +12,12 @@ import collections
 import json
 import random
 import sys
+from pathlib import Path
 
 path = sys.argv[1]
 method = sys.argv[2] if len(sys.argv) > 2 else "costaware"
 FIXED_DRAFTERS = ("pld", "suffix", "rest", "eagle", "copy")
-records = json.load(open(path))["records"]
+records = json.loads(Path(path).read_text())["records"]
 run_fixed = list(dict.fromkeys(r["method"] for r in records if r["method"].partition("@")[0] in FIXED_DRAFTERS))
 fixed = sys.argv[3].split(",") if len(sys.argv) > 3 else run_fixed
 missing = [d for d in FIXED_DRAFTERS if not any(f.partition("@")[0] == d for f in fixed)]

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
-
 from banditspec.engine.sampling import count_greedy_accepted
 from banditspec_client import replay as R
 

@@ -23,7 +23,6 @@ policy (one drafter's chain, the same tables).
 from __future__ import annotations
 
 import numpy as np
-
 import replay_feature_study as S
 
 NODE_CAPS = (8, 12, 16)

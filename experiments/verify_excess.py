@@ -12,6 +12,7 @@ import collections
 import json
 import statistics
 import sys
+from pathlib import Path
 
 path = sys.argv[1]
 method = sys.argv[2] if len(sys.argv) > 2 else "costaware"
@@ -19,7 +20,7 @@ others = sys.argv[3].split(",") if len(sys.argv) > 3 else ["suffix", "copy", "va
 window = int(sys.argv[4]) if len(sys.argv) > 4 else 8
 # (prompt, method, drafted) -> [(tokens generated before the step, verify ms)]
 steps: dict[tuple[str, str, int], list[tuple[int, float]]] = collections.defaultdict(list)
-for record in json.load(open(path))["records"]:
+for record in json.loads(Path(path).read_text())["records"]:
     generated = 1  # the first step (the prefill) emits one token and is left out
     for verify, drafted, accepted in list(zip(record["verify_ms"], record["drafted"], record["accepted"]))[1:]:
         steps[(record["prompt_id"], record["method"], drafted)].append((generated, verify))

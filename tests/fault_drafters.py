@@ -16,10 +16,9 @@ arm only among the drafters the deployment built, so no request can switch them 
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
-
 from banditspec.checks import check_int, is_number
 from banditspec.drafters.base import Draft, Drafter, empty_draft
 from banditspec.errors import BanditSpecValidationError
@@ -46,7 +45,7 @@ class RaisingDrafter:
         self._lock = threading.Lock()
         self.faults_raised = 0
 
-    def start(self, prompt_ids: Sequence[int]) -> "_RaisingSession":
+    def start(self, prompt_ids: Sequence[int]) -> _RaisingSession:
         return _RaisingSession(self)
 
     def _count_fault(self) -> None:
@@ -88,7 +87,7 @@ class HangingDrafter:
         self.hanging = 0
         self.hangs_started = 0
 
-    def start(self, prompt_ids: Sequence[int]) -> "_HangingSession":
+    def start(self, prompt_ids: Sequence[int]) -> _HangingSession:
         return _HangingSession(self)
 
     def _enter(self) -> None:

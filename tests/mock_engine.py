@@ -6,10 +6,9 @@ known in closed form; the engine counts its calls and checks the contract.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
-
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 
 

@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from banditspec_server.serve import TritonServer
+
     from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
     log = cache_dir() / "demo-tritonserver.log"

@@ -20,9 +20,9 @@ import time
 from collections import Counter
 
 import numpy as np
-
 from banditspec.paths import cache_dir
 from banditspec_server.serve import TritonServer
+
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.soak.expected import VanillaReference
 from banditspec_client.soak.processes import server_processes, shm_bytes

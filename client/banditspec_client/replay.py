@@ -34,10 +34,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec.errors import BanditSpecValidationError
 from banditspec.serving.runtime import DEFAULT_ARMS
+
 from banditspec_client.bench.splits import SPLITS, describe
 from banditspec_client.bench.workloads import MULTITURN, MULTITURN_TURNS
 
@@ -146,9 +146,9 @@ def conversation_prompts(args, tokenizer) -> list[tuple[str, list[int], list[int
     own greedy answers (its output decoded to text, as the OpenAI API returns it) in place of the
     recorded ones; kind ``multiturn/turnK``. Cached like the traces."""
     import torch
-
     from banditspec.paths import cache_dir
     from banditspec.text import render_chat, text_ids
+
     from banditspec_client.bench.workloads import load_conversations
 
     skip = _skip(args)
@@ -226,11 +226,10 @@ def record(args, prompts: list[tuple[str, str]] | None):
     """Traces for the prompts (None: the multiturn conversations' turns), from the cache when
     recorded before with the same settings."""
     import torch
-
-    from banditspec.engine.models import load_tokenizer
-    from banditspec.paths import cache_dir
-    from banditspec.evaluation.replay import Trace, record_proposals
     from banditspec.drafters.registry import build_drafters
+    from banditspec.engine.models import load_tokenizer
+    from banditspec.evaluation.replay import Trace, record_proposals
+    from banditspec.paths import cache_dir
     from banditspec.text import prompt_ids
 
     tokenizer = load_tokenizer(args.model)
@@ -282,11 +281,10 @@ def _record_costly(args, name: str, traces, tokenizer, path: Path, engine=None) 
     prompt over prompt + output gives the target's states at every position; the drafter's
     session is then fed and asked at every position as decoding would."""
     import torch
-    from tqdm import tqdm
-
     from banditspec.drafters.registry import build_drafters
     from banditspec.engine.contract import VerifyRequest
     from banditspec.evaluation.replay import record_costly_proposals
+    from tqdm import tqdm
 
     if path.exists():
         for trace, line in zip(traces, path.read_text().splitlines()):
@@ -364,10 +362,9 @@ def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters
              costly_relative: dict[str, tuple[float, ...]] | None = None, surface: Path = SURFACE_JSON) -> dict:
     """``costly_relative``: costly drafter -> (per call, per drafted token[, per preview]) in
     units of a one-token verify of each cost model."""
-    from tqdm import tqdm
-
     from banditspec.bandits.cost_model import CostModel
     from banditspec.evaluation.replay import per_step_oracle_seconds, replay_policy
+    from tqdm import tqdm
 
     fixed = [f"fixed:{d}@{g}" for d in drafters for g in range(1, max_draft_len + 1)]
     methods = ["vanilla", *fixed, *ADAPTIVE, K_ONLY, RATE]
@@ -553,14 +550,13 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
     import time
 
     import torch
-    from tqdm import tqdm
-
     from banditspec.config import GenerationRequest
-    from banditspec.decoding.session import run_to_completion
     from banditspec.decoding.decoder import SpeculativeDecoder
+    from banditspec.decoding.session import run_to_completion
     from banditspec.engine.reference import ReferenceEngine
     from banditspec.evaluation.replay import replay_policy
     from banditspec.serving.runtime import build_drafters, calibrate_cost_model
+    from tqdm import tqdm
 
     torch.set_num_threads(max(1, args.threads))
     eos = int(tokenizer.eos_token_id)

@@ -23,7 +23,6 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2")
     args = parser.parse_args()
     from banditspec.engine.models import model_dir
-
     from transformers import AutoConfig
 
     target_config = AutoConfig.from_pretrained(model_dir(args.model))

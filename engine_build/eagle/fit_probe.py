@@ -25,8 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
-
 from banditspec.drafters.eagle import DEFAULT_WEIGHTS, load_default_eagle_drafter
 from banditspec.eagle.probe import PROBE_KEY, FirstTokenProbe
 from banditspec.engine.contract import VerifyRequest
@@ -34,6 +32,7 @@ from banditspec.engine.models import load_model
 from banditspec.engine.reference import ReferenceEngine
 from banditspec.text import prompt_ids
 from banditspec_client.bench.workloads import load_workload
+from tqdm import tqdm
 
 WORKLOADS = ("chat", "code", "code-edit")
 CALIBRATION_EDGES = (0.0, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 1.0001)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from banditspec.drafters.eagle import DEFAULT_INT8, DEFAULT_WEIGHTS, load_default_eagle_drafter
 from banditspec.paths import REPO_ROOT
 from banditspec.text import prompt_ids

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from banditspec.paths import REPO_ROOT
 
 METHODS = ("vanilla", "suffix@4", "costaware", "costaware+previews", "costaware-eagle")
@@ -41,12 +40,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmarks" / "eagle-previews")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from tqdm import tqdm
-
     from banditspec_client.bench.in_process import InProcessRunner
     from banditspec_client.bench.methods import parse_methods
     from banditspec_client.bench.runner import RunSettings
     from banditspec_client.bench.workloads import load_workload
+    from tqdm import tqdm
 
     base = {m.name: m for m in parse_methods("vanilla,suffix@4,costaware")}
     methods = [base["vanilla"], base["suffix@4"], base["costaware"],

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
-
 from banditspec.drafters.eagle import load_default_eagle_drafter
 from banditspec.engine.contract import VerifyRequest
+from tqdm import tqdm
 
 
 def _window(text: str) -> int | None:

@@ -33,15 +33,14 @@ from typing import cast
 
 import numpy as np
 import torch
-from torch import nn
-from tqdm import tqdm
-
 from banditspec.eagle.head import RMSNorm, apply_rope, extend_cache, load_weights, rope_cos_sin
-from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, _MLP
+from banditspec.eagle.head3 import _MLP, Eagle3Config, Eagle3Head
 from banditspec.paths import REPO_ROOT, cache_dir
 from banditspec_train.eagle import objective3
 from banditspec_train.eagle.objective import unrolled_mask
 from banditspec_train.eagle.train import TrainConfig, _new_head, add_arguments, loss_function, train_head
+from torch import nn
+from tqdm import tqdm
 
 
 class _Layer(nn.Module):
@@ -150,7 +149,7 @@ def load_study_head(path: Path) -> Eagle3Head:
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
-        extra = len({key.split(".")[1] for key in f.keys() if key.startswith("extra.")})
+        extra = len({key.split(".")[1] for key in f if key.startswith("extra.")})
     return load_weights(path, lambda config: DeeperHead(Eagle3Config(**config), extra) if extra
                         else Eagle3Head(Eagle3Config(**config)), torch.float32)
 
@@ -251,8 +250,8 @@ def main() -> int:
     if args.mat:
         return mat_study(args)
 
-    from banditspec.engine.models import load_model
     from banditspec.eagle.head3 import default_aux_layers
+    from banditspec.engine.models import load_model
     from banditspec_train.eagle.corpus import CorpusSpec
     from banditspec_train.eagle.dataset import training_data
     from banditspec_train.eagle.selfdistill import DistillSpec

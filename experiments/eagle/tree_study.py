@@ -42,14 +42,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
-
 from banditspec.bandits.cost_model import CostModel
 from banditspec.drafters.eagle import HEADS, EagleSession, load_default_eagle_drafter
 from banditspec.eagle.fast_step import KVBuffer
 from banditspec.paths import REPO_ROOT
 from banditspec.text import prompt_ids
 from banditspec_train.eagle.evaluate import greedy_speculative, target_features
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_eagle import chat_prompts, code_prompts  # noqa: E402

@@ -18,12 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 from banditspec.paths import REPO_ROOT, cache_dir
-from banditspec_server.serve import TritonServer, free_port
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.triton_client import GenerationOptions, generate_grpc
+from banditspec_server.serve import TritonServer, free_port
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_eagle import chat_prompts  # noqa: E402

@@ -21,12 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
-
 from banditspec.drafters.eagle import DEFAULT_WEIGHTS, EagleDrafter, load_default_eagle_drafter
 from banditspec.paths import REPO_ROOT
 from banditspec.text import prompt_ids
 from banditspec_train.eagle.evaluate import greedy_speculative, simulate_acceptance, step_costs, target_features
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_eagle import chat_prompts, code_prompts  # noqa: E402

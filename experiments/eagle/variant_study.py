@@ -38,7 +38,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from banditspec.eagle import head3
 from banditspec.eagle.head3 import Eagle3Head
 from banditspec.paths import cache_dir

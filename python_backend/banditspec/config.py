@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from banditspec.checks import is_int
 from banditspec.errors import BanditSpecValidationError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from banditspec.config import check_prompt
 from banditspec.errors import BanditSpecValidationError

@@ -22,8 +22,8 @@ import argparse
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from banditspec.errors import BanditSpecValidationError
 

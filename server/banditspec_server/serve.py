@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import fcntl
 import importlib.util
 import os
@@ -26,8 +27,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from banditspec.paths import REPO_ROOT, cache_dir
 
@@ -222,7 +223,7 @@ class _OutputTail:
         self.thread.start()
 
     def _run(self, stream, log_path: Path | None) -> None:
-        sink = open(log_path, "ab") if log_path else None
+        sink = open(log_path, "ab") if log_path else None  # noqa: SIM115 (closed when the stream ends)
         try:
             for line in iter(stream.readline, b""):
                 self.lines.append(line.decode(errors="replace").rstrip())
@@ -360,7 +361,7 @@ class TritonServer:
             elif not port_is_free(self.host, port):
                 raise PortInUseError(field, port, self.host)
 
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         self._choose_ports()
         _prebuild(self.model, self.overrides)
         self.repository = render_repository(self.overrides, self.source)
@@ -480,7 +481,7 @@ class TritonServer:
             self.repository = None
         return proc.returncode
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         self.start()
         try:
             self.wait_ready()
@@ -541,10 +542,8 @@ def _stub_shm_regions(pgid: int) -> list[str]:
 
 def _kill_group(pgid: int) -> None:
     """Stubs are in the server's session; make sure none outlives it."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _prebuild(model: str, overrides: Mapping[str, Mapping[str, str]]) -> None:

@@ -46,9 +46,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 STUB_BINARY = b"triton_python_backend_stub"
 UNKNOWN_MODEL = "unknown"  # a stub that died before the watch saw it alive

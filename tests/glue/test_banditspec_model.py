@@ -11,9 +11,9 @@ import sys
 
 import numpy as np
 import pytest
-
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L
 from banditspec.paths import REPO_ROOT
+
 from tests.fake_tokenizer import ByteTokenizer
 from tests.glue import fake_pb_utils
 from tests.mock_engine import MockEngine

@@ -3,13 +3,13 @@ remote eagle arm calling it through the fake BLS (random head over the tiny Llam
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
 import banditspec.drafters.eagle as eagle_drafters
 import banditspec.engine.models as models
+import numpy as np
+import pytest
 from banditspec.drafters.eagle import EagleDrafter
 from banditspec.drafters.eagle_remote import RemoteEagleDrafter
+
 from tests.glue import fake_pb_utils
 from tests.glue.test_banditspec_model import config_args, load_model_module
 from tests.unit.test_eagle import make_head, random_ids, target_hidden

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-
 from banditspec.errors import parse_retry_after
 
 from tests.glue import fake_pb_utils

@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from banditspec_client.prometheus_text import metric_total, metric_value, scrape_metrics
 from banditspec_client.triton_client import GenerationOptions, generate_grpc
 

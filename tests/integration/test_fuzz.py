@@ -21,13 +21,12 @@ import time
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")  # pinned in the [test] extra
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
 from banditspec.paths import cache_dir  # noqa: E402
+from banditspec_client.triton_client import GenerationOptions, generate_grpc  # noqa: E402
 from banditspec_server.serve import TritonServer  # noqa: E402
 from banditspec_server.supervisor import list_stubs  # noqa: E402
-from banditspec_client.triton_client import GenerationOptions, generate_grpc  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

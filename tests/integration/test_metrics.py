@@ -10,7 +10,6 @@ import urllib.request
 from collections import Counter
 
 import pytest
-
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from banditspec.paths import cache_dir
 from banditspec_server.serve import PortInUseError, TritonServer, free_port, release_port
+
 from tests.ports import take_port
 
 pytestmark = pytest.mark.integration

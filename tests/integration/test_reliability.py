@@ -13,15 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L
 from banditspec.errors import parse_retry_after
 from banditspec.paths import cache_dir
-from banditspec_server.serve import TritonServer
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.soak.expected import VanillaReference
 from banditspec_client.soak.processes import leftovers, server_processes
 from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
+from banditspec_server.serve import TritonServer
 
 pytestmark = pytest.mark.integration
 

@@ -8,6 +8,7 @@ exact afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -22,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from banditspec.errors import model_down, parse_retry_after
 from banditspec.paths import cache_dir
+from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
 from banditspec_server.serve import free_port
 from banditspec_server.supervisor import list_stubs
-from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ class Served:
             "--set", "banditspec.drafters=pld,suffix", "--set", "banditspec.max_concurrent_sequences=8", *extra,
         ]
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                                        stderr=open(self.log, "ab"), start_new_session=True)
+                                        stderr=open(self.log, "ab"), start_new_session=True)  # noqa: SIM115 (the child's)
         self.regions_seen: set[str] = set()
 
     http_url = property(lambda self: f"localhost:{self.http_port}")
@@ -296,10 +296,9 @@ def _grpc_once(served) -> tuple[str, str]:
     client = grpcclient.InferenceServerClient(served.grpc_url)
     try:
         client.start_stream(callback=lambda result, error: answers.put(error))
-        try:
+        # a stream that already failed (server unreachable) sent its error through the callback
+        with contextlib.suppress(InferenceServerException):
             client.async_stream_infer("banditspec", [text, tokens])
-        except InferenceServerException:
-            pass  # the stream already failed (server unreachable): its error came through the callback
         try:
             error = answers.get(timeout=GRPC_ANSWER_S)
         except queue.Empty:

@@ -11,7 +11,6 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc, generate_http
 
 pytestmark = pytest.mark.integration

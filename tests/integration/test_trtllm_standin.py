@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from banditspec_client.triton_client import GenerationOptions, TritonError, generate_grpc
 
 pytestmark = pytest.mark.integration
@@ -49,6 +48,7 @@ def built(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trt_server(built):
     from banditspec.paths import cache_dir
+
     from tests.trtllm_standin.repository import standin_server
 
     repository, _, backends = built
@@ -64,6 +64,7 @@ def trt_server(built):
 def test_target_and_draft_are_served_with_the_gpu_configs_unchanged(built):
     """No copy and no test edit: the served files are build_engines' fill of the shipped templates."""
     from banditspec_server.fill_template import fill_template
+
     from tests.trtllm_standin.repository import REPO_ROOT
 
     repository, spec, _ = built

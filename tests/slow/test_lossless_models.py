@@ -6,7 +6,6 @@ is named in the failure."""
 from __future__ import annotations
 
 import pytest
-
 from banditspec.config import GenerationRequest
 from banditspec.datasets import humaneval_problems, sharegpt_split
 from banditspec.decoding.session import run_to_completion
@@ -88,7 +87,6 @@ def test_fast_kernels_compute_a_row_bitwise_alike_in_any_step(smollm2_stack):
     among 2..9 tokens, or verified in a batch beside a sequence of another length. So
     greedy speculative output cannot differ from plain decoding, whatever the drafts."""
     import numpy as np
-
     from banditspec.engine.contract import VerifyRequest
 
     engine = smollm2_stack.engine

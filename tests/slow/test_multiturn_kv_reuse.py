@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from banditspec.config import GenerationRequest
 from banditspec.decoding.session import run_to_completion
 from banditspec.engine.prefix_cache import common_prefix_length

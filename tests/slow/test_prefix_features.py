@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from banditspec.config import GenerationRequest
 from banditspec.datasets import humaneval_problems
 from banditspec.decoding.session import run_to_completion

@@ -12,7 +12,6 @@ import os
 from dataclasses import asdict
 
 import pytest
-
 from banditspec.paths import cache_dir
 from banditspec_client.soak.command import soak
 

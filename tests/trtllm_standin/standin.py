@@ -34,9 +34,9 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -285,7 +285,6 @@ class StandIn:
         """float64 [rows, vocab]: the target's filtered sampling distribution after each of the
         last ``rows`` positions of ``sequence``."""
         import torch
-
         from banditspec.engine.sampling import SAMPLING_DTYPE
 
         with torch.inference_mode():
@@ -306,7 +305,6 @@ class StandIn:
 
     def _sampled_step(self, call: Call, sequence: list[int], draft: list[int], generator) -> tuple[list[int], int]:
         import torch
-
         from banditspec.engine.sampling import SAMPLING_DTYPE, speculative_sample
 
         p = self._distributions(call, sequence + draft, len(draft) + 1)

@@ -5,12 +5,12 @@ request's drafts, nor the other way round."""
 from __future__ import annotations
 
 import pytest
-
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import GREEDY, PLAIN, Candidate, CostAwarePolicy, SharedAcceptance, regime_of
 from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.session import run_to_completion
+
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, oracle
 

@@ -6,9 +6,8 @@ import threading
 import time
 
 import pytest
-
-from banditspec.serving.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused
 from banditspec.errors import parse_retry_after, retry_after_message
+from banditspec.serving.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused
 
 POLL_S = 0.01
 
@@ -179,9 +178,8 @@ def test_a_slot_handed_over_while_the_waiter_cancels_is_passed_on_not_lost():
 def test_no_slot_is_lost_when_the_holder_fails():
     q = queue(max_active=2, max_queue=2)
     for _ in range(5):
-        with pytest.raises(RuntimeError):
-            with q.acquire():
-                raise RuntimeError("decoding failed")
+        with pytest.raises(RuntimeError), q.acquire():
+            raise RuntimeError("decoding failed")
     slot = q.acquire()
     slot.release()
     slot.release()  # a second release is a no-op, not a slot too many

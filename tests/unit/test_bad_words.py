@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.session import run_to_completion
@@ -16,6 +15,7 @@ from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.reference import ReferenceEngine
 from banditspec.engine.tensor_codec import decode_requests, encode_requests
 from banditspec.errors import BanditSpecValidationError
+
 from tests.unit.test_decoding import ScriptedDrafter
 from tests.unit.test_reference_engine import (
     CHI2_CRITICAL_0_001,

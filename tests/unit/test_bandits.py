@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-
 from banditspec.bandits.exp3spec import EXP3Spec
 from banditspec.bandits.fixed import FixedArmPolicy, UniformPolicy
 from banditspec.bandits.registry import POLICY_NAMES, make_policy

@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 import pytest
-
 from banditspec.bandits.cost_model import BatchLoad, CostModel
 from banditspec.bandits.costaware import PLAIN, Candidate, CostAwarePolicy
 from banditspec.config import GenerationRequest
@@ -22,6 +21,7 @@ from banditspec.decoding.session import generate, run_to_completion
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.gather import VerifyGatherer, _Slot
 from banditspec.evaluation.replay import VirtualClock
+
 from tests.mock_engine import MockEngine
 from tests.unit.test_costaware import TimedEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle

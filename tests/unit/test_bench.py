@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec.errors import BanditSpecValidationError
 from banditspec_client.bench.compare import command as bench
-from banditspec_client.bench.methods import RunRecord, digest, parse_methods, rotated
 from banditspec_client.bench.compare.summary import markdown_report, summarize_workload, target_checks
+from banditspec_client.bench.methods import RunRecord, digest, parse_methods, rotated
 from banditspec_client.bench.runner import split_available
 from banditspec_client.bench.through_triton import bench_repository, private_model_name
 from banditspec_server.supervisor import group_cpu_seconds

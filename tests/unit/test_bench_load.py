@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from banditspec_client.bench.concurrency.command import mark_mismatches, parse_methods, read_prompts_file, rotated
 from banditspec_client.bench.concurrency.load import BlockResult, Client, RequestOutcome, percentile, run_block
 from banditspec_client.bench.concurrency.summary import markdown, ratios, write_report

@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from banditspec.decoding.bookkeeping import BackgroundBookkeeper, DeferredBookkeeper, make_bookkeeper
 from banditspec.config import GenerationRequest
+from banditspec.decoding.bookkeeping import BackgroundBookkeeper, DeferredBookkeeper, make_bookkeeper
 from banditspec.decoding.session import run_to_completion
 from banditspec.errors import BanditSpecValidationError
+
 from tests.unit.test_costaware import FLAT, PROMPT, STEEP, timed_decoder
 from tests.unit.test_decoding import always_wrong, oracle
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from banditspec.config import GenerationRequest, Limits, validate_request
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.errors import BanditSpecValidationError
 from banditspec.serving.controller import Controller, ServingDefaults
+
 from tests.fake_tokenizer import ByteTokenizer
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
 from tests.unit.test_serving import AsciiEngine, RecordingSink, expected_text, inputs

@@ -5,11 +5,11 @@ the tokenizer's own ``apply_chat_template(..., tokenize=True)`` (what ``prompt_i
 from __future__ import annotations
 
 import pytest
-
 from banditspec.engine.models import load_tokenizer
 from banditspec.errors import BanditSpecValidationError
 from banditspec.text import prompt_ids, render_chat, text_ids
 from banditspec_server.openai_api.app import ChatRequest, OpenAIError, chat_prompt
+
 from tests.fake_tokenizer import ByteTokenizer
 
 PROMPTS = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from banditspec.checks import check_int, is_finite, is_int, is_number
 from banditspec.errors import BanditSpecValidationError
 

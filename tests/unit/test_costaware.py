@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from banditspec.bandits.cost_model import CostModel, calibrate, calibration_plan
-from banditspec.drafters.base import Draft
 from banditspec.bandits.costaware import Candidate, CostAwarePolicy, HazardCounts, SharedAcceptance
-from banditspec.gamma_controller import make_gamma_budget
 from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
-from banditspec.decoding.session import run_to_completion
-from banditspec.evaluation.replay import VirtualClock
 from banditspec.decoding.rewards import ThroughputReward
+from banditspec.decoding.session import run_to_completion
+from banditspec.drafters.base import Draft
+from banditspec.evaluation.replay import VirtualClock
+from banditspec.gamma_controller import make_gamma_budget
+
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
 

@@ -8,10 +8,15 @@ sequence by hand and ``score`` is called, as the decoding session does after eac
 from __future__ import annotations
 
 import numpy as np
-
 from banditspec.bandits.cost_model import CostModel
-from banditspec.bandits.costaware import (HINT_FLOOR, Candidate, CostAwarePolicy, confidence_level, context_bucket,
-                                          hint_level)
+from banditspec.bandits.costaware import (
+    HINT_FLOOR,
+    Candidate,
+    CostAwarePolicy,
+    confidence_level,
+    context_bucket,
+    hint_level,
+)
 from banditspec.config import ArmSpec
 from banditspec.decoding.costaware_rounds import EXPLORE_DEEPER_BELOW, CostAwareRounds
 from banditspec.drafters.base import Draft, Preview

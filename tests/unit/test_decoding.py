@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L, GenerationRequest, Limits
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L
+from banditspec.config import GenerationRequest, Limits
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.session import generate, run_to_completion
 from banditspec.drafters.base import Draft
 from banditspec.errors import BanditSpecValidationError
+
 from tests.mock_engine import MockEngine
 
 

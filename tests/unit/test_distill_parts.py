@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from banditspec.errors import BanditSpecValidationError
 from banditspec_train.eagle import dataset
 from banditspec_train.eagle.corpus import CorpusSpec

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L, GenerationRequest
+from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L
+from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.drafting import RequestDrafters
 from banditspec.decoding.session import run_to_completion
 from banditspec.drafters.base import Draft, Preview
 from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
 from banditspec.drafters.registry import build_drafters
-from banditspec.decoding.drafting import RequestDrafters
 from banditspec.errors import BanditSpecValidationError
+
 from tests import fault_drafters
 from tests.fault_drafters import (
     FAULTY_DRAFTER_NAMES,

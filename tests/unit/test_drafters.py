@@ -10,7 +10,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from banditspec.drafters.base import validated_max_len, validated_tokens
 from banditspec.drafters.copy_pointer import CopyPointerDrafter
 from banditspec.drafters.pld import PromptLookupDrafter
@@ -527,6 +526,7 @@ def test_the_factory_builds_the_eagle_arm_the_deployment_can_serve(monkeypatch):
     from banditspec.drafters.draft_model import DraftModelDrafter
     from banditspec.drafters.eagle_remote import RemoteEagleDrafter
     from banditspec.drafters.registry import build_drafters
+
     from tests.fake_tokenizer import ByteTokenizer
 
     def infer(*args):

@@ -12,7 +12,6 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from banditspec.drafters.eagle import EAGLE1_WEIGHTS, EagleDrafter, int8_head, load_default_eagle_drafter
 from banditspec.eagle.fast_step import FastEagleStep
 from banditspec.eagle.head import EagleConfig, EagleHead, load_head, save_head
@@ -588,9 +587,8 @@ def test_batched_greedy_drops_ended_answers_and_keeps_the_rest_exact(tiny):
 def test_reserved_cache_gives_the_dynamic_caches_values(tiny):
     """Batched decoding over the reserved cache (room for 3 positions: it grows twice, and
     rows leave the batch) equals transformers' concatenating cache, bit for bit."""
-    from transformers import DynamicCache
-
     from banditspec_train.eagle.kvcache import reserved_cache
+    from transformers import DynamicCache
 
     torch.manual_seed(0)
     ids = torch.randint(3, 49152, (3, 9))

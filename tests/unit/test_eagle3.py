@@ -12,8 +12,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from banditspec.drafters.eagle import EagleDrafter
 from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, default_aux_layers, load_head3, save_head3
 from banditspec.engine.contract import VerifyRequest
@@ -26,6 +24,7 @@ from banditspec_train.eagle.features import FeatureSet
 from banditspec_train.eagle.objective import Batch, weighted_steps
 from banditspec_train.eagle.objective3 import unrolled_loss3, unrolled_states
 from banditspec_train.eagle.train import TrainConfig, collate, evaluate_head, loss_function, train_head
+from transformers import LlamaConfig, LlamaForCausalLM
 
 torch.set_num_threads(1)
 LAYERS = (1, 2, 4)
@@ -181,6 +180,7 @@ def test_fast_step_is_the_eagle3_heads_step(target):
     from banditspec.drafters.eagle import int8_head
     from banditspec.eagle.fast_step import FastEagleStep
     from banditspec.engine import panel_kernel
+
     from tests.unit.test_eagle import dequantized_head
 
     head = make_head(target)

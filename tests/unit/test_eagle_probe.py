@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
+from banditspec.decoding.drafting import RequestDrafters
 from banditspec.drafters.eagle import EAGLE1_WEIGHTS, EagleDrafter, load_default_eagle_drafter
 from banditspec.drafters.eagle_remote import RemoteEagleDrafter
 from banditspec.drafters.eagle_service import EagleService
-from banditspec.decoding.drafting import RequestDrafters
 from banditspec.eagle import EAGLE3_WEIGHTS
 from banditspec.eagle.probe import PROBE_KEY, FirstTokenProbe, head_probe
 from banditspec.errors import BanditSpecValidationError
+
 from tests.unit.test_eagle import make_head, random_ids, target_hidden, tiny_smollm2_shape
 from tests.unit.test_eagle_service import CountingInfer
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from banditspec.drafters.eagle import EagleDrafter
 from banditspec.drafters.eagle_remote import RemoteEagleDrafter
 from banditspec.drafters.eagle_service import EagleCall, EagleService, call_from_tensors
 from banditspec.errors import BanditSpecValidationError
+
 from tests.unit.test_eagle import make_head, random_ids, target_hidden
 
 torch.set_num_threads(1)

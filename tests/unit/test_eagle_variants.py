@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from banditspec.eagle.head3 import Eagle3Config, Eagle3Head
 from banditspec.errors import BanditSpecValidationError
 from banditspec_train.eagle import objective3, train
 from banditspec_train.eagle.objective3 import unrolled_loss3, unrolled_states
 from banditspec_train.eagle.train import collate
+
 from .test_eagle3 import LAYERS, feature_set, target  # noqa: F401  (the fixture)
 
 REPO = Path(__file__).resolve().parents[2]

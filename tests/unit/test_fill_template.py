@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from banditspec.errors import BanditSpecValidationError
 from banditspec_server.fill_template import (
     fill_repository,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.serving.controller import Controller, ServingDefaults
+
 from tests.unit.test_decoding import ScriptedDrafter
 from tests.unit.test_serving import RecordingSink
 

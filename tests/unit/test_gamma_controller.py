@@ -9,8 +9,14 @@ import threading
 
 import numpy as np
 import pytest
-
 from banditspec.bandits.ucbspec import UCBSpec
+from banditspec.config import GenerationRequest
+from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.decoding.session import run_to_completion
+from banditspec.drafters.pld import PromptLookupDrafter
+from banditspec.engine.contract import VerifyRequest, VerifyResult
+from banditspec.engine.target_metrics import VerifyBatchMetrics
+from banditspec.errors import BanditSpecValidationError
 from banditspec.gamma_controller import (
     DiscountedGammaUCB,
     FixedGammaBudget,
@@ -18,15 +24,9 @@ from banditspec.gamma_controller import (
     ThroughputGammaController,
     make_gamma_budget,
 )
-from banditspec.gamma_controller.gamma_bandit import ucbspec_radius
-from banditspec.engine.target_metrics import VerifyBatchMetrics
 from banditspec.gamma_controller.budget import UnlimitedBudget
-from banditspec.config import GenerationRequest
-from banditspec.decoding.decoder import SpeculativeDecoder
-from banditspec.decoding.session import run_to_completion
-from banditspec.drafters.pld import PromptLookupDrafter
-from banditspec.engine.contract import VerifyRequest, VerifyResult
-from banditspec.errors import BanditSpecValidationError
+from banditspec.gamma_controller.gamma_bandit import ucbspec_radius
+
 from tests.mock_engine import MockEngine
 
 
@@ -334,6 +334,7 @@ def test_bad_budget_parameters_name_the_parameter(spec, max_gamma, field):
 
 def test_build_controller_wires_the_controller_to_the_servers_sequence_count(monkeypatch):
     import banditspec.serving.setup as setup
+
     from tests.fake_tokenizer import ByteTokenizer
 
     monkeypatch.setattr(setup, "load_serving_tokenizer", lambda params: ByteTokenizer())
@@ -500,8 +501,8 @@ def test_splitting_a_prefill_out_saves_padded_positions_and_changes_no_result(ti
 
 
 def test_every_verification_call_carries_draft_input_ids_so_that_triton_can_batch_them():
-    from banditspec.engine.uniform_inputs import with_empty_drafts
     from banditspec.engine.tensor_codec import TensorEngine, decode_request
+    from banditspec.engine.uniform_inputs import with_empty_drafts
 
     sent = []
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from banditspec.engine import reference
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.kv_buffer import GROWTH, KVBuffer
 from banditspec.engine.reference import ReferenceEngine
+
 from tests.unit.test_reference_engine import make_llama
 
 

@@ -6,6 +6,7 @@ from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.session import run_to_completion
 from banditspec.engine.trtllm import TrtllmVerifyResult
+
 from tests.mock_engine import MockEngine
 
 

@@ -7,9 +7,7 @@ import logging
 
 import numpy as np
 import pytest
-
 from banditspec.decoding.decoder import SpeculativeDecoder
-from tests.fault_drafters import RaisingDrafter
 from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics import (
     PrometheusMetrics,
@@ -23,7 +21,9 @@ from banditspec.metrics import (
 )
 from banditspec.metrics.stats import EngineCacheSample, drafter_failures, failure_kind
 from banditspec.serving.controller import OUTCOMES, Controller, ServingDefaults
+
 from tests.fake_tokenizer import ByteTokenizer
+from tests.fault_drafters import RaisingDrafter
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
 from tests.unit.test_serving import RecordingSink, inputs

@@ -8,7 +8,6 @@ import argparse
 
 import numpy as np
 import pytest
-
 from banditspec.errors import BanditSpecValidationError
 from banditspec_client.bench.compare.command import check_temperature, with_fixed_arms
 from banditspec_client.bench.compare.summary import markdown_report, summarize_workload

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from banditspec.native import COMPILE_FLAGS, NativeLibrary
 
 

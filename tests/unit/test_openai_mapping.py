@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from banditspec.errors import parse_retry_after
 from banditspec_server.openai_api.app import ChatRequest, CompletionRequest, OpenAIError, _triton_error, common_inputs
 from banditspec_server.openai_api.triton import ModelFacts, TritonError

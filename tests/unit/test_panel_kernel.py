@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from banditspec.engine import panel_kernel
 from banditspec.engine.panel_kernel import PanelLinear
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from banditspec.bandits.costaware import CostAwarePolicy
 from banditspec.bandits.exp3spec import EXP3Spec
 from banditspec.bandits.fixed import FixedArmPolicy, UniformPolicy
@@ -13,6 +12,7 @@ from banditspec.bandits.vanilla import VanillaPolicy
 from banditspec.config import DEFAULT_POLICY, ArmSpec, GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.errors import BanditSpecValidationError
+
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter
 
@@ -61,7 +61,6 @@ def test_make_policy_builds_only_the_index_bandits_it_names():
     """The other policy strings (costaware, vanilla, fixed:...) are resolved elsewhere: handed to
     make_policy they are refused, whatever their place in the alphabet, not built as a bandit."""
     import numpy as np
-
     from banditspec.bandits.registry import make_policy
 
     for name in ("costaware", "vanilla", "fixed:pld", "", "zeta", "UCBSpec"):

@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
-
 from banditspec_server import serve
 from banditspec_server.serve import PortInUseError, TritonServer, free_port, port_is_free, release_port
+
 from tests.ports import take_port
 
 # written by tritonserver 2.51 (measured) when each of its three ports is taken

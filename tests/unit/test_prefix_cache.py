@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from banditspec.engine.prefix_cache import PrefixCache
 
 EAGLE3 = (1, 14, 26)

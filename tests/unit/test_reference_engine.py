@@ -8,19 +8,18 @@ random tied embeddings make it repeat one token); counting tests use the shared
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from banditspec.engine import panel_kernel
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.reference import ReferenceEngine
 from banditspec.errors import BanditSpecValidationError
 from banditspec.text import prompt_ids
+from transformers import LlamaConfig, LlamaForCausalLM
 
 # Chi-square critical values at alpha = 0.001, by degrees of freedom (standard tables).
 CHI2_CRITICAL_0_001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458,

@@ -8,10 +8,16 @@ import json
 
 import numpy as np
 import pytest
-
 from banditspec.bandits.cost_model import CostModel
 from banditspec.drafters.base import Draft, Preview
-from banditspec.evaluation.replay import Trace, per_step_oracle_seconds, record_costly_proposals, record_proposals, replay_policy
+from banditspec.evaluation.replay import (
+    Trace,
+    per_step_oracle_seconds,
+    record_costly_proposals,
+    record_proposals,
+    replay_policy,
+)
+
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle
 
@@ -213,8 +219,8 @@ def test_a_previewing_costly_drafter_is_replayed_with_its_recorded_previews_at_t
 def test_replayed_drafters_are_asked_as_serving_asks_them():
     """REST proposes lazily in serving (costaware asks it only when it could win): its replayed
     stand-in does too, and the other built-in and unknown drafters do not."""
-    from banditspec.evaluation import replay
     from banditspec.drafters.registry import drafter_class
+    from banditspec.evaluation import replay
 
     assert drafter_class("rest").proposes_lazily
     clock = replay.VirtualClock()

@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from banditspec.engine import contract
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
-
-from banditspec.engine import contract
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_REPOSITORY = REPO / "model_repository"
@@ -227,7 +226,6 @@ def test_the_remote_eagle_arm_speaks_the_eagle_model(cpu_repository):
     """Every tensor RemoteEagleSession sends (first call, later call, end) is declared by
     ``eagle`` with its dtype and rank; the output it reads is declared; banditspec names it."""
     import numpy as np
-
     from banditspec.drafters.eagle_remote import EAGLE_OUTPUTS, RemoteEagleDrafter
 
     config = parse_config(cpu_repository / "eagle" / "config.pbtxt")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, GenerationRequest, Limits, validate_request
 from banditspec.errors import BanditSpecValidationError
 from banditspec.serving.controller import RequestInputs, ServingDefaults, parse_inputs
+
 from tests.fake_tokenizer import ByteTokenizer
 
 

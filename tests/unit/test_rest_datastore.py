@@ -8,7 +8,6 @@ import random
 
 import numpy as np
 import pytest
-
 from banditspec.drafters import rest_datastore
 from banditspec.drafters.rest_datastore import (
     META_FILE,

@@ -1,7 +1,6 @@
 """The retry hint a retryable server-side error carries: one writer, one reader."""
 
 import pytest
-
 from banditspec.errors import model_down, parse_retry_after, retry_after_message
 
 

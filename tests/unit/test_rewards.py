@@ -4,7 +4,6 @@ from the definitions in the module docstring (not from the code)."""
 from __future__ import annotations
 
 import pytest
-
 from banditspec.bandits.cost_model import CostModel
 from banditspec.decoding.rewards import AcceptedLengthReward, ThroughputReward, make_reward
 

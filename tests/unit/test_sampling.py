@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from banditspec.engine.sampling import (
-    acceptance_probability,
-    coupled_sample,
-    count_greedy_accepted,
-    make_generator,
     SamplingOutcome,
+    acceptance_probability,
+    count_greedy_accepted,
+    coupled_sample,
+    make_generator,
     residual_distribution,
     speculative_sample,
     target_distribution,

@@ -6,10 +6,10 @@ import threading
 
 import numpy as np
 import pytest
-
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.engine.tensor_codec import TensorEngine, decode_request, encode_result
 from banditspec.serving.controller import Controller, ServingDefaults
+
 from tests.fake_tokenizer import ByteTokenizer
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import ScriptedDrafter, always_wrong, oracle

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from banditspec.errors import BanditSpecValidationError
 from banditspec.serving.config import EagleModelConfig, ServingConfig, TargetModelConfig, model_parameters
 

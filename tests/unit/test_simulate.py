@@ -7,9 +7,8 @@ import math
 
 import numpy as np
 import pytest
-
-from banditspec.evaluation import simulate
 from banditspec.errors import BanditSpecValidationError
+from banditspec.evaluation import simulate
 from banditspec.evaluation.simulate import (
     TruncatedGeometricArms,
     expected_stopping_time,
@@ -113,6 +112,6 @@ def test_ucbspec_regret_grows_like_log_length_on_the_default_arms():
     table = simulate_regret(arms, ("ucbspec", "uniform"), (1000, 4000, 16000), runs=20, seed=0)
     ucb, uniform = table.mean()
     first, second = ucb[1] - ucb[0], ucb[2] - ucb[1]
-    assert 0 < first and 0 < second < 1.9 * first
+    assert first > 0 and 0 < second < 1.9 * first
     assert ucb[2] / ucb[0] < 2.6  # sqrt(16) = 4, linear = 16
     assert uniform[2] / uniform[0] > 12

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from banditspec.datasets import humaneval_problems
 from banditspec.errors import BanditSpecValidationError
 from banditspec_client.bench.splits import CONTENT_MIN_CHARS, SPLIT_FILE, SPLITS, build_splits, load_splits

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from banditspec_server import supervisor as sup
 from banditspec_server.supervisor import UNKNOWN_MODEL, Stub, StubWatch, Supervisor
 
@@ -277,7 +276,15 @@ def test_a_known_pid_that_names_another_process_now_is_a_death(tmp_path, monkeyp
 # --- a stub that hangs without dying -------------------------------------------------------
 
 from banditspec_server.supervisor import (  # noqa: E402
-    ANSWERED, HUNG, NO_ANSWER, OK, PROBE, UNHEALTHY_ANSWER, UNREACHABLE, HangWatch, ProgressWatch,
+    ANSWERED,
+    HUNG,
+    NO_ANSWER,
+    OK,
+    PROBE,
+    UNHEALTHY_ANSWER,
+    UNREACHABLE,
+    HangWatch,
+    ProgressWatch,
 )
 
 

@@ -11,10 +11,9 @@ import types
 from pathlib import Path
 
 import pytest
+from banditspec.errors import BanditSpecValidationError
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
-
-from banditspec.errors import BanditSpecValidationError
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "engine_build" / "trtllm" / "build_engines.py"

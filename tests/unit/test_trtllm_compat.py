@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from banditspec.serving import trtllm_compat
+from banditspec_server import model_aliases
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from banditspec.serving import trtllm_compat
-from banditspec_server import model_aliases
 from tests.unit.test_serving import RecordingSink, expected_text, inputs, make_controller
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
-
 from banditspec.drafters.draft_model import DraftModelDrafter
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.tensor_codec import TensorEngine
 from banditspec.engine.trtllm import step_seed
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
 from tests.trtllm_standin.standin import CONTRACT, IMPLEMENTED_INPUTS, contract_inputs, contract_outputs, render_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,9 +191,7 @@ def _build_module():
 
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory) -> Path:
-    from banditspec_server.fill_template import fill_repository
-
-    from banditspec_server.fill_template import fill_template
+    from banditspec_server.fill_template import fill_repository, fill_template
 
     build = _build_module()
     spec = build.BuildSpec(target_hf=Path("/m/t"), draft_hf=Path("/m/d"), out_dir=Path("/m/o"),

@@ -9,15 +9,15 @@ tokens does not stop after the correction token: it keeps decoding plain tokens 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
-
 from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.session import run_to_completion
 from banditspec.engine.contract import VerifyRequest, VerifyResult
+
 from tests.mock_engine import MockEngine
 from tests.unit.test_decoding import PROMPT, ScriptedDrafter, always_wrong, oracle
 
@@ -134,7 +134,6 @@ def test_the_cost_model_learns_the_verify_pass_apart_from_the_decode_on():
     """The engine's first/last token times separate the verify pass from the plain steps
     after it; without them the step teaches the verify curve nothing."""
     import numpy as np
-
     from banditspec.engine.tensor_codec import decode_result
 
     answer = {

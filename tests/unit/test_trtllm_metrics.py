@@ -6,11 +6,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-
 from banditspec.engine.contract import VerifyRequest
 from banditspec.engine.tensor_codec import TensorEngine
 from banditspec.metrics import build_serving_metrics
 from banditspec.metrics.target_kv import TargetKvMetrics
+
 from tests.unit.test_metrics import FakeFactory
 from tests.unit.test_trtllm_contract import EOS, VOCAB, Recorder
 

@@ -80,6 +80,7 @@ def test_block_cache_reuses_full_blocks_of_a_known_prefix():
 def standin():
     from banditspec.engine.models import load_model
     from banditspec.engine.reference import ReferenceEngine
+
     from tests.trtllm_standin.standin import StandIn
 
     model, _ = load_model("tiny")

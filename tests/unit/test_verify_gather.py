@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.gather import VerifyGatherer
 from banditspec.engine.tensor_codec import (
@@ -20,6 +19,7 @@ from banditspec.engine.tensor_codec import (
     encode_results,
 )
 from banditspec.errors import BanditSpecValidationError, EngineError
+
 from tests.mock_engine import MockEngine
 
 

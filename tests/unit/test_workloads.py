@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from banditspec.datasets import humaneval_problems, sharegpt_split
 from banditspec.errors import BanditSpecValidationError
 from banditspec_client.bench.workloads import WORKLOADS, Prompt, load_workload, parse_workloads

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
 from banditspec_client.bench.runner import RunSettings, split_available

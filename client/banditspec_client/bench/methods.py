@@ -14,8 +14,8 @@ Method names (``--methods``):
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from banditspec.config import MAX_SPECULATION_LENGTH, REWARD_CHOICES
 from banditspec.errors import BanditSpecValidationError
@@ -163,7 +163,7 @@ class RunRecord:
 
     @classmethod
     def from_stats(cls, *, workload: str, kind: str, prompt_id: str, method: str, seconds: float,
-                   output_digest: str, stats: dict, cpu_seconds: float | None = None) -> "RunRecord":
+                   output_digest: str, stats: dict, cpu_seconds: float | None = None) -> RunRecord:
         """From a ``SpeculationStats.as_dict()`` (plus ``finish_reason`` when present)."""
         return cls(
             workload=workload,

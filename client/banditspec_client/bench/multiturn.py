@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from banditspec.engine.prefix_cache import common_prefix_length
+
 from banditspec_client.bench.methods import VANILLA, Method, digest, rotated
 from banditspec_client.bench.report import MISSING, fmt, markdown_table
 from banditspec_client.bench.runner import RunSettings
@@ -127,7 +129,7 @@ class ConversationRunner:
         self.fronts: dict[str, OpenAIServer] = {}
         self.tokenizer = None
 
-    def __enter__(self) -> "ConversationRunner":
+    def __enter__(self) -> ConversationRunner:
         from banditspec_server.openai_api.server import OpenAIServer, load_tokenizer
         from banditspec_server.serve import free_port
 

@@ -7,8 +7,9 @@ or :func:`text_row` (lines printed as results arrive) and its figures with :func
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 MISSING = "–"
 _ALIGN = {"l": "---", "r": "---:", "c": ":---:"}

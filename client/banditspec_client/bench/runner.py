@@ -10,10 +10,12 @@ tritonserver, gRPC requests). :func:`run_interleaved` runs a prompt list with ev
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
+
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, rotated
 from banditspec_client.bench.workloads import Prompt
 

@@ -19,15 +19,16 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Protocol
+from typing import Protocol
 
 import numpy as np
+from banditspec_server.supervisor import group_cpu_seconds
 
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
 from banditspec_client.bench.runner import RunSettings, split_available
 from banditspec_client.bench.workloads import Prompt
-from banditspec_server.supervisor import group_cpu_seconds
 
 CONTROLLER = "banditspec"
 PROBE_PROMPT = "Say hello."
@@ -80,7 +81,7 @@ class TritonRunner:
         self._client = None
 
     # -- server lifetime -------------------------------------------------------------
-    def __enter__(self) -> "TritonRunner":
+    def __enter__(self) -> TritonRunner:
         from banditspec.paths import cache_dir
         from banditspec_server.serve import SOURCE_REPOSITORY, TritonServer
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from banditspec.checks import is_int
 from banditspec.errors import BanditSpecValidationError
+
 from banditspec_client.bench.splits import check_split, load_splits
 
 WORKLOADS: tuple[str, ...] = ("code", "code-edit", "chat", "mixed")

@@ -12,7 +12,7 @@ word not emitted; each stop word is tokenized on its own, as TensorRT-LLM does) 
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def cut_at_stop(tokens: Sequence[int], stops: Sequence[Sequence[int]], max_tokens: int) -> list[int]:
@@ -44,7 +44,6 @@ class VanillaReference:
     def _plain_tokens(self, prompt: str, max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` greedy tokens, one target call each, stopping before EOS."""
         import numpy as np
-
         from banditspec.engine.contract import VerifyRequest
         from banditspec.text import prompt_ids
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from banditspec_client.prometheus_text import metric_total, scrape_metrics
 from banditspec_client.soak.processes import ProcessInfo, shm_bytes

@@ -4,6 +4,7 @@ Thin glue: request tensors -> numpy dict -> banditspec.serving.controller.Contro
 the decoding loop and calls `target` through BLS; responses stream back through the
 request's response sender. All decisions live in banditspec.serving.controller."""
 
+import contextlib
 import faulthandler
 import logging
 import signal
@@ -12,12 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
 from banditspec.errors import EngineError, model_down, parse_retry_after, retry_after_message
-from banditspec.serving.heap import freeze_heap
 from banditspec.metrics import build_serving_metrics, triton_family_factory
-from banditspec.serving.controller import INPUT_KINDS, stats_json
 from banditspec.serving.config import Parameters, ServingConfig, model_parameters
+from banditspec.serving.controller import INPUT_KINDS, stats_json
+from banditspec.serving.heap import freeze_heap
 from banditspec.serving.setup import build_controller
 
 log = logging.getLogger("banditspec.model")
@@ -183,10 +183,8 @@ class TritonPythonModel:
             log.exception("request failed")
         finally:
             if not sink.closed:
-                try:
+                with contextlib.suppress(Exception):
                     sink._sender.send(flags=FINAL)
-                except Exception:
-                    pass
 
     def finalize(self):
         self.shutting_down.set()

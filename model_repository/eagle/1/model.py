@@ -4,11 +4,10 @@ import logging
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
 from banditspec.drafters.eagle_service import EAGLE_INPUTS, call_from_tensors
 from banditspec.errors import BanditSpecValidationError
-from banditspec.serving.heap import freeze_heap
 from banditspec.serving.config import EagleModelConfig, model_parameters
+from banditspec.serving.heap import freeze_heap
 
 log = logging.getLogger("banditspec.eagle")
 
@@ -16,7 +15,6 @@ log = logging.getLogger("banditspec.eagle")
 class TritonPythonModel:
     def initialize(self, args):
         import torch
-
         from banditspec.drafters.eagle import head_fit_problem, head_weights, load_default_eagle_drafter
         from banditspec.drafters.eagle_service import EagleService
         from banditspec.engine.models import load_model

@@ -7,16 +7,15 @@ import logging
 import signal
 
 import triton_python_backend_utils as pb_utils
-
-from banditspec.engine.prefill_split import ContinuationSplitter
-from banditspec.engine.target_metrics import VerifyBatchMetrics
 from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
+from banditspec.engine.prefill_split import ContinuationSplitter
 from banditspec.engine.reference import validate_request
+from banditspec.engine.target_metrics import VerifyBatchMetrics
 from banditspec.engine.tensor_codec import decode_requests, encode_results
 from banditspec.errors import BanditSpecValidationError
-from banditspec.serving.heap import freeze_heap
 from banditspec.metrics import TargetEngineMetrics, sample_engine, triton_family_factory
 from banditspec.serving.config import TargetModelConfig, model_parameters
+from banditspec.serving.heap import freeze_heap
 
 INPUT_NAMES = tuple(TARGET_INPUTS) + tuple(REFERENCE_EXTRA_INPUTS)
 log = logging.getLogger("banditspec.target")
@@ -26,7 +25,6 @@ class TritonPythonModel:
     def initialize(self, args):
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <stub pid>: thread stacks to the server log
         import torch
-
         from banditspec.engine.reference import ReferenceEngine
 
         config = TargetModelConfig.from_parameters(model_parameters(args))

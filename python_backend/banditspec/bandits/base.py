@@ -8,7 +8,8 @@ max speculation length L, rewards lie in [1, L + 1] and the range width is L.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 
 class Policy(Protocol):

@@ -57,8 +57,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -327,7 +327,7 @@ class CostModel:
         return out
 
     @classmethod
-    def fixed(cls, relative: Sequence[float], one_token_seconds: float = 0.05) -> "CostModel":
+    def fixed(cls, relative: Sequence[float], one_token_seconds: float = 0.05) -> CostModel:
         """A model that knows its curve (replay, tests): relative[k - 1] = cost(k) / cost(1),
         the same at every context."""
         model = cls(len(relative), prior_one_token_seconds=one_token_seconds, min_observations=1)
@@ -337,7 +337,7 @@ class CostModel:
         return model
 
     @classmethod
-    def from_table(cls, seconds: dict[int, dict[int, float]], max_tokens: int | None = None) -> "CostModel":
+    def from_table(cls, seconds: dict[int, dict[int, float]], max_tokens: int | None = None) -> CostModel:
         """A model that knows its surface (replay): {context: {k: seconds}}, measured at two
         or more contexts (``banditspec bench-engine --contexts``); k beyond the table follow
         the line through the measured ones."""

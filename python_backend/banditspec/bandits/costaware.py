@@ -162,7 +162,7 @@ class HazardCounts:
             self.accepted[bucket, already : min(accepted, last)] += 1.0
         return last
 
-    def copy(self) -> "HazardCounts":
+    def copy(self) -> HazardCounts:
         out = HazardCounts(self.max_len)
         out.offered, out.accepted = self.offered.copy(), self.accepted.copy()
         return out

@@ -14,7 +14,7 @@ Round t (1-based count of ``select`` calls, this one included):
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -8,7 +8,7 @@ rejects bad input with the same :class:`BanditSpecValidationError` messages.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -13,8 +13,8 @@ Names (``config.DEFAULT_POLICY`` is the default):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

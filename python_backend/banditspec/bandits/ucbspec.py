@@ -17,7 +17,7 @@ The bonus depends on each arm's own count n_i (not on the total pull count).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

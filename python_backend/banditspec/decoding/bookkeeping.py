@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from banditspec.errors import BanditSpecValidationError
 

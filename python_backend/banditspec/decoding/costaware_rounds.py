@@ -21,12 +21,20 @@ learned in; below ``HINT_FLOOR`` it is not offered that round."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
 
 from banditspec.bandits.cost_model import CostModel
-from banditspec.bandits.costaware import (HINT_FLOOR, Candidate, Choice, CostAwarePolicy, buckets_after,
-                                          confidence_level, context_bucket, hint_level)
+from banditspec.bandits.costaware import (
+    HINT_FLOOR,
+    Candidate,
+    Choice,
+    CostAwarePolicy,
+    buckets_after,
+    confidence_level,
+    context_bucket,
+    hint_level,
+)
 from banditspec.config import ArmSpec
 from banditspec.drafters.base import Draft, Drafter, Preview
 

@@ -6,13 +6,13 @@ per request."""
 from __future__ import annotations
 
 import time
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import OBJECTIVES, SharedAcceptance
 from banditspec.bandits.registry import ResolvedPolicy, resolve_policy
-from banditspec.decoding.bookkeeping import make_bookkeeper
 from banditspec.config import GenerationRequest, Limits, validate_request
+from banditspec.decoding.bookkeeping import make_bookkeeper
 from banditspec.decoding.session import DecodingSession
 from banditspec.drafters.base import Drafter
 from banditspec.engine.contract import Engine
@@ -70,7 +70,7 @@ class SpeculativeDecoder:
         self.clock = clock
 
     @classmethod
-    def for_engine(cls, engine: Engine, drafters: Mapping[str, Drafter], **kwargs) -> "SpeculativeDecoder":
+    def for_engine(cls, engine: Engine, drafters: Mapping[str, Drafter], **kwargs) -> SpeculativeDecoder:
         usable = {
             name: d
             for name, d in drafters.items()

@@ -5,10 +5,12 @@ rest of the request through ``on_drop``; the request itself carries on without i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import weakref
-from typing import Callable, Iterable, Mapping, Sequence, cast
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -141,18 +143,14 @@ class RequestDrafters:
     def drop(self, name: str, reason: str) -> None:
         session = self._sessions.pop(name, None)
         if session is not None:
-            try:
+            with contextlib.suppress(Exception):
                 session.close(finished=False)
-            except Exception:
-                pass
         self._on_drop(name, reason)
 
     def close(self, finished: bool) -> None:
         for session in self._sessions.values():
-            try:
+            with contextlib.suppress(Exception):
                 session.close(finished=finished)
-            except Exception:
-                pass
         self._sessions.clear()
         if self._worker is not None:
             self._worker.stop()

@@ -20,21 +20,19 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Callable, Generator, Iterable, Protocol
+from collections.abc import Callable, Generator, Iterable
+from typing import Protocol
 
 import numpy as np
 
 from banditspec.bandits.base import Policy
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import CostAwarePolicy, SharedAcceptance
-from banditspec.decoding.costaware_rounds import CostAwareRounds
 from banditspec.bandits.registry import COSTAWARE, ResolvedPolicy, build_policy
-from banditspec.decoding.bookkeeping import Bookkeeper
 from banditspec.config import VANILLA_ARM, ArmSpec, GenerationRequest
-from banditspec.drafters.base import Draft, Drafter, Preview, first_feature
+from banditspec.decoding.bookkeeping import Bookkeeper
+from banditspec.decoding.costaware_rounds import CostAwareRounds
 from banditspec.decoding.drafting import RequestDrafters
-from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
-from banditspec.gamma_controller.budget import SpeculationBudget
 from banditspec.decoding.results import (
     FINISH_CANCELLED,
     FINISH_EOS,
@@ -45,6 +43,9 @@ from banditspec.decoding.results import (
     StepEvent,
 )
 from banditspec.decoding.rewards import make_reward
+from banditspec.drafters.base import Draft, Drafter, Preview, first_feature
+from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
+from banditspec.gamma_controller.budget import SpeculationBudget
 
 
 class DecoderView(Protocol):
@@ -69,7 +70,7 @@ class DecoderView(Protocol):
 class DecodingSession:
     """One request's decoding state; see the module docstring for the step protocol."""
 
-    def __init__(self, decoder: "DecoderView", request: GenerationRequest, resolved: ResolvedPolicy):
+    def __init__(self, decoder: DecoderView, request: GenerationRequest, resolved: ResolvedPolicy):
         self._decoder = decoder
         self._request = request
         self.arms = arms = resolved.arms
@@ -221,9 +222,9 @@ class DecodingSession:
         # A step whose draft was cut short by max_tokens/context says little about the arm;
         # a drafter that proposes fewer tokens than it may (no match) is rewarded as it did.
         # The first step's time includes the prefill: the throughput reward skips it.
-        if self.policy is not None and arm_index is not None and not truncated:
-            if not (first_step and self._reward.name == "throughput"):
-                self.policy.update(arm_index, self._reward(accepted, elapsed, len(output)))
+        if (self.policy is not None and arm_index is not None and not truncated
+                and not (first_step and self._reward.name == "throughput")):
+            self.policy.update(arm_index, self._reward(accepted, elapsed, len(output)))
         self.stats.arms.append(arm_name)
         self.stats.drafted.append(gamma)
         self.stats.accepted.append(accepted)

@@ -29,8 +29,9 @@ uses the estimate as the pull's context and learns what each level of it really 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

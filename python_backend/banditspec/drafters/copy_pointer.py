@@ -29,8 +29,8 @@ over the tail n-gram's occurrences otherwise; a proposal is one slice.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class CopyPointerDrafter:
         if not is_int(self.ngram) or self.ngram < 1:
             raise BanditSpecValidationError("ngram", f"must be an integer >= 1, got {self.ngram!r}")
 
-    def start(self, prompt_ids: Sequence[int]) -> "CopyPointerSession":
+    def start(self, prompt_ids: Sequence[int]) -> CopyPointerSession:
         return CopyPointerSession(self.ngram, validated_tokens(prompt_ids, "prompt_ids"))
 
 

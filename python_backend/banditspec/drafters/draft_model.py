@@ -8,7 +8,7 @@ the draft engine's own KV-cache reuse keeps that cheap.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from banditspec.engine.tensor_codec import InferFn
 
 
 class DraftModelSession:
-    def __init__(self, drafter: "DraftModelDrafter", prompt_ids: Sequence[int]):
+    def __init__(self, drafter: DraftModelDrafter, prompt_ids: Sequence[int]):
         self._drafter = drafter
         self._context = [int(t) for t in prompt_ids]
 

@@ -17,20 +17,20 @@ step came without them and a gap in the features is left, the session stops prop
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 
 from banditspec.checks import is_int
 from banditspec.drafters.base import Draft, Preview, first_feature
-from banditspec.engine.fast_llama import Int8Linear
 from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS, EAGLE_HEADS, check_eagle_head
 from banditspec.eagle.fast_step import FastEagleStep, KVBuffer
 from banditspec.eagle.head import EagleHead, load_head
 from banditspec.eagle.head3 import Eagle3Head, head_format, head_info, load_head3
 from banditspec.eagle.probe import FirstTokenProbe, head_probe
+from banditspec.engine.fast_llama import Int8Linear
 from banditspec.errors import BanditSpecValidationError
 
 # The served head. The EAGLE-3 head ships too and accepts more tokens a step, but as
@@ -213,7 +213,7 @@ class EagleDrafter:
     def vocab_size(self) -> int:
         return self.head.config.target_vocab_size
 
-    def start(self, prompt_ids: Sequence[int] | np.ndarray) -> "EagleSession":
+    def start(self, prompt_ids: Sequence[int] | np.ndarray) -> EagleSession:
         return EagleSession(self, prompt_ids)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ EAGLE_OUTPUTS = ("draft_ids",)
 
 
 class RemoteEagleSession:
-    def __init__(self, drafter: "RemoteEagleDrafter", prompt_ids: Sequence[int]):
+    def __init__(self, drafter: RemoteEagleDrafter, prompt_ids: Sequence[int]):
         self._drafter = drafter
         self.sequence_id = secrets.randbits(63)
         self._prompt: np.ndarray | None = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)

@@ -13,8 +13,8 @@ independent of the context length.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class PromptLookupDrafter:
         if not is_int(self.max_ngram) or self.max_ngram < self.min_ngram:
             raise BanditSpecValidationError("max_ngram", f"must be an integer >= min_ngram ({self.min_ngram}), got {self.max_ngram!r}")
 
-    def start(self, prompt_ids: Sequence[int]) -> "PromptLookupSession":
+    def start(self, prompt_ids: Sequence[int]) -> PromptLookupSession:
         return PromptLookupSession(self.max_ngram, self.min_ngram, validated_tokens(prompt_ids, "prompt_ids"))
 
 

@@ -16,9 +16,10 @@ import importlib.util
 import inspect
 import logging
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from banditspec.drafters.base import Drafter
 from banditspec.errors import BanditSpecValidationError

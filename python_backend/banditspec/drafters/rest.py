@@ -16,8 +16,8 @@ TokenDatastore.longest_suffix), then vectorised counting.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -59,7 +59,7 @@ class RestDrafter:
         self.max_matches = max_matches
         self.min_share = float(min_share)
 
-    def start(self, prompt_ids: Sequence[int]) -> "RestSession":
+    def start(self, prompt_ids: Sequence[int]) -> RestSession:
         return RestSession(self, validated_tokens(prompt_ids, "prompt_ids"))
 
     def longest_match(self, context: Sequence[int]) -> tuple[int, int, int]:

@@ -28,8 +28,9 @@ import random
 import shutil
 import sysconfig
 import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -28,8 +28,8 @@ import math
 import threading
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -343,7 +343,7 @@ class SuffixTreeDrafter:
         self._outputs = deque()
         self._lock = threading.Lock()
 
-    def start(self, prompt_ids: Sequence[int]) -> "SuffixTreeSession":
+    def start(self, prompt_ids: Sequence[int]) -> SuffixTreeSession:
         return SuffixTreeSession(self, validated_tokens(prompt_ids, "prompt_ids"))
 
     @property

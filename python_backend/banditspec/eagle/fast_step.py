@@ -36,7 +36,6 @@ from banditspec.engine import panel_kernel
 from banditspec.engine.fast_llama import Int8Linear, PackedLinear
 from banditspec.engine.panel_kernel import PanelInt8Linear, float_rows
 
-
 # Steps over at most this many pairs run natively; longer ones (a request's first call, a
 # catch-up after many rounds without the head) through torch: the native kernel keeps the
 # activations in fp32 and costs more per further pair than fbgemm's int8 GEMM. Where torch

@@ -62,7 +62,7 @@ class EagleConfig:
         return self.hidden_size // self.num_heads
 
     @classmethod
-    def for_target(cls, target_config, draft_vocab_size: int) -> "EagleConfig":
+    def for_target(cls, target_config, draft_vocab_size: int) -> EagleConfig:
         """Copy the shape of a HF Llama config (its rope theta, heads, MLP width)."""
         rope = getattr(target_config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))

@@ -32,8 +32,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from banditspec.eagle.head import (EagleConfig, RMSNorm, apply_rope, empty_cache, extend_cache, load_weights, rope_cos_sin,
-                                  save_weights)
+from banditspec.eagle.head import (
+    EagleConfig,
+    RMSNorm,
+    apply_rope,
+    empty_cache,
+    extend_cache,
+    load_weights,
+    rope_cos_sin,
+    save_weights,
+)
 from banditspec.errors import BanditSpecValidationError
 
 
@@ -69,7 +77,7 @@ class Eagle3Config(EagleConfig):
 
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int,
-                   aux_layers: tuple[int, ...] | None = None) -> "Eagle3Config":
+                   aux_layers: tuple[int, ...] | None = None) -> Eagle3Config:
         """Copy the shape of a HF Llama config; capture layers default to TensorRT-LLM's."""
         rope = getattr(target_config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))

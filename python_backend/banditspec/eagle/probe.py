@@ -62,7 +62,7 @@ class FirstTokenProbe:
         return {"weights": [round(float(w), 7) for w in self.weights], "bias": round(self.bias, 7), **about}
 
     @classmethod
-    def from_json(cls, data: dict) -> "FirstTokenProbe":
+    def from_json(cls, data: dict) -> FirstTokenProbe:
         try:
             return cls(np.asarray(data["weights"], dtype=np.float32), float(data["bias"]))
         except (KeyError, TypeError, ValueError) as exc:

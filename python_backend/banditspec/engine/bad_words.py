@@ -16,7 +16,7 @@ lists stack to ``[B, 2, N]``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

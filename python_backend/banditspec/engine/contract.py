@@ -17,8 +17,9 @@ cache with rollback), so the cost of a call grows with the new tokens only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -23,8 +23,8 @@ Shapes (B = batch, T = new tokens, C = cached tokens, H = hidden, hd = head dim)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

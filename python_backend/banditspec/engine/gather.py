@@ -33,7 +33,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 

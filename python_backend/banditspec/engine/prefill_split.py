@@ -18,7 +18,7 @@ wrong result: grouping does not change what a sequence gets.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

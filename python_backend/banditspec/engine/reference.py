@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -295,7 +295,7 @@ class ReferenceEngine:
         self.padded_positions = 0
 
     @classmethod
-    def from_name(cls, name: str, **kwargs) -> "ReferenceEngine":
+    def from_name(cls, name: str, **kwargs) -> ReferenceEngine:
         """Engine over a named model of :func:`banditspec.engine.models.load_model` ("smollm2" | "tiny")."""
         from banditspec.engine.models import load_model
 

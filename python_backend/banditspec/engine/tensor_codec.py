@@ -15,7 +15,7 @@ carries N sequences' steps (the reference target only: rows padded to the longes
 from __future__ import annotations
 
 import threading
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 

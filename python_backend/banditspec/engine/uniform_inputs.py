@@ -14,6 +14,7 @@ import numpy as np
 
 from banditspec.engine.tensor_codec import InferFn
 
+
 def with_empty_drafts(infer: InferFn) -> InferFn:
     """``infer`` that always sends ``draft_input_ids`` (empty when there is no draft)."""
 

@@ -21,8 +21,8 @@ clock by its drafting cost, per call plus per drafted token). Not covered: sampl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class Trace:
                 "proposals": self.proposals, "match_len": self.match_len, "previews": self.previews}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Trace":
+    def from_dict(cls, d: dict) -> Trace:
         return cls(d["kind"], list(d["prompt_ids"]), list(d["target"]), dict(d["proposals"]), dict(d["match_len"]),
                    dict(d.get("previews", {})))
 
@@ -214,7 +214,7 @@ class ReplayDrafter:
         self._draft_seconds = draft_seconds
         self._preview_seconds = preview_seconds or 0.0
 
-    def start(self, prompt_ids: Sequence[int]) -> "_ReplaySession":
+    def start(self, prompt_ids: Sequence[int]) -> _ReplaySession:
         return _ReplaySession(self, self._by_prompt[_key(prompt_ids)])
 
 

@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 from banditspec.checks import check_int, is_int
-from banditspec.gamma_controller.config import GammaControllerConfig
-from banditspec.gamma_controller.controller import ThroughputGammaController
-from banditspec.gamma_controller.budget import SpeculationBudget, UnlimitedBudget
 from banditspec.config import MAX_SPECULATION_LENGTH
 from banditspec.errors import BanditSpecValidationError
+from banditspec.gamma_controller.budget import SpeculationBudget, UnlimitedBudget
+from banditspec.gamma_controller.config import GammaControllerConfig
+from banditspec.gamma_controller.controller import ThroughputGammaController
 
 CONTROLLER_CHOICES = ("off", "ucb", "fixed:<K>")
 

@@ -10,7 +10,7 @@ lines; "0" = none).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from banditspec.engine.gather import VerifyGatherer
 from banditspec.metrics.hub import ServingMetrics
@@ -22,8 +22,8 @@ from banditspec.metrics.prometheus import (
     triton_family_factory,
 )
 from banditspec.metrics.stats import ServingStats, StatsSnapshot, sample_engine
-from banditspec.serving.outcomes import OUTCOMES
 from banditspec.serving.config import ParameterSource, ServingConfig
+from banditspec.serving.outcomes import OUTCOMES
 
 __all__ = [
     "MetricFamilyFactory",

@@ -59,7 +59,7 @@ class ServingMetrics:
         """Steps go somewhere beyond the in-memory totals (Prometheus, the target's totals)."""
         return self.exporter is not None or self.target_kv is not None
 
-    def attach(self, controller) -> "ServingMetrics":
+    def attach(self, controller) -> ServingMetrics:
         """Install this observer's methods as ``controller``'s hooks."""
         controller.on_step = self.on_step
         controller.on_active = self.on_active

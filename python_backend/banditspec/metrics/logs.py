@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics.stats import ServingStats, StatsSnapshot

@@ -15,8 +15,9 @@ kept; :meth:`close` drops metrics before their families, as the Python backend r
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from banditspec.checks import is_int
 from banditspec.config import MAX_SPECULATION_LENGTH

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 FAILURE_DEADLINE = "deadline"  # the drafter did not answer within the per-step deadline
 FAILURE_ERROR = "error"  # the drafter raised (in start, propose or observe)

@@ -14,12 +14,13 @@ look is an IPC call in Triton, hence not a busier poll).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # How often a waiting request looks whether its client went away.
 CANCEL_POLL_S = 0.1
@@ -74,7 +75,7 @@ class Slot:
     """A held slot: :meth:`release` it exactly once (a second call is a no-op), or use it
     as a context manager. ``waited_s``: how long the request queued for it."""
 
-    def __init__(self, queue: "AdmissionQueue", waited_s: float, taken_at: float):
+    def __init__(self, queue: AdmissionQueue, waited_s: float, taken_at: float):
         self._queue = queue
         self.waited_s = waited_s
         self._taken_at = taken_at
@@ -88,7 +89,7 @@ class Slot:
             self._released = True
         self._queue._release(self._taken_at)
 
-    def __enter__(self) -> "Slot":
+    def __enter__(self) -> Slot:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -188,7 +189,5 @@ class AdmissionQueue:
 
     def _changed(self) -> None:
         if self.on_change is not None:
-            try:
+            with contextlib.suppress(Exception):  # an observer's trouble never blocks admission
                 self.on_change(AdmissionSnapshot(self._active, len(self._waiters)))
-            except Exception:  # an observer's trouble never blocks admission
-                pass

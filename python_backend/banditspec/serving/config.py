@@ -11,13 +11,14 @@ Paths and models come only from here, never from a request.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Union
+from typing import Union
 
 from banditspec.bandits.registry import check_policy
-from banditspec.decoding.bookkeeping import check_bookkeeping
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, REWARD_CHOICES, Limits
+from banditspec.decoding.bookkeeping import check_bookkeeping
 from banditspec.eagle import check_eagle_head
 from banditspec.errors import BanditSpecValidationError
 
@@ -121,7 +122,7 @@ class ServingConfig:
     verify_max_rows: int = 16
 
     @classmethod
-    def from_parameters(cls, params: Mapping[str, str]) -> "ServingConfig":
+    def from_parameters(cls, params: Mapping[str, str]) -> ServingConfig:
         p = Parameters(params)
         target_kind = p.text("target_kind", "reference")
         if target_kind not in TARGET_KINDS:
@@ -171,7 +172,7 @@ class ServingConfig:
         )
 
     @classmethod
-    def of(cls, source: ParameterSource) -> "ServingConfig":
+    def of(cls, source: ParameterSource) -> ServingConfig:
         """``source`` itself, or read from a parameter mapping."""
         return source if isinstance(source, ServingConfig) else cls.from_parameters(source)
 
@@ -188,7 +189,7 @@ class TargetModelConfig:
     gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.serving.heap)
 
     @classmethod
-    def from_parameters(cls, params: Mapping[str, str]) -> "TargetModelConfig":
+    def from_parameters(cls, params: Mapping[str, str]) -> TargetModelConfig:
         p = Parameters(params)
         return cls(
             target_model=p.text("target_model", "smollm2"),
@@ -213,7 +214,7 @@ class EagleModelConfig:
     gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.serving.heap)
 
     @classmethod
-    def from_parameters(cls, params: Mapping[str, str]) -> "EagleModelConfig":
+    def from_parameters(cls, params: Mapping[str, str]) -> EagleModelConfig:
         p = Parameters(params)
         raw_confidence = params.get("min_confidence")
         return cls(

@@ -12,17 +12,19 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from banditspec.serving.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused, AdmissionSnapshot
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.session import generate
 from banditspec.engine.contract import Engine
 from banditspec.errors import BanditSpecValidationError, EngineError, retry_after_message
+from banditspec.serving import trtllm_compat
+from banditspec.serving.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused, AdmissionSnapshot
 from banditspec.serving.outcomes import (  # how a request ended (Controller.on_request_done)
     OUTCOME_BUSY,
     OUTCOME_CANCELLED,
@@ -30,10 +32,11 @@ from banditspec.serving.outcomes import (  # how a request ended (Controller.on_
     OUTCOME_INVALID,
     OUTCOME_SUCCESS,
     OUTCOME_TARGET_ERROR,
+)
+from banditspec.serving.outcomes import (
     OUTCOMES as OUTCOMES,  # re-exported: the label values of the requests metric
 )
 from banditspec.text import IncrementalDetokenizer, bad_word_sequences, prompt_ids, stop_sequences
-from banditspec.serving import trtllm_compat
 
 log = logging.getLogger(__name__)
 

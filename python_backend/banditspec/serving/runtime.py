@@ -7,8 +7,8 @@ one drafter factory, :func:`banditspec.drafters.registry.build_drafters` (the Tr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from banditspec.bandits.cost_model import CALIBRATION_CONTEXTS, calibration_plan
 from banditspec.config import Limits

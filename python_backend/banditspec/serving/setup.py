@@ -5,15 +5,15 @@ Paths and models come only from there, never from a request."""
 
 from __future__ import annotations
 
-from banditspec.gamma_controller import make_gamma_budget
-from banditspec.engine.uniform_inputs import with_empty_drafts
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.drafters.registry import build_drafters
 from banditspec.engine.contract import Engine
 from banditspec.engine.gather import VerifyGatherer
 from banditspec.engine.tensor_codec import InferFn, TensorEngine
-from banditspec.serving.controller import Controller, ServingDefaults
+from banditspec.engine.uniform_inputs import with_empty_drafts
+from banditspec.gamma_controller import make_gamma_budget
 from banditspec.serving.config import ParameterSource, ServingConfig
+from banditspec.serving.controller import Controller, ServingDefaults
 
 
 def load_serving_tokenizer(params: ParameterSource):

@@ -14,8 +14,9 @@ The table :data:`RULES` is what docs/trtllm_compat.md documents.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from banditspec.config import fresh_seed
 from banditspec.errors import BanditSpecValidationError

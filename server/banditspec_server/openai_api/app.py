@@ -14,16 +14,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import asynccontextmanager
-from typing import Any, Callable, Literal, NoReturn, Union
+from typing import Any, Literal, NoReturn
 
+from banditspec.errors import model_down, parse_retry_after, retry_after_message
+from banditspec.text import render_chat, text_ids
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from banditspec.errors import model_down, parse_retry_after, retry_after_message
-from banditspec.text import render_chat, text_ids
 from banditspec_server.openai_api.triton import Chunk, ModelFacts, TritonBackend, TritonError
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -68,7 +69,7 @@ class _Common(BaseModel):
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -76,12 +77,12 @@ class _Common(BaseModel):
     user: str | None = None  # no effect on the output
     # BanditSpec extensions
     policy: str | None = None
-    arms: Union[str, list[str], None] = None
+    arms: str | list[str] | None = None
     max_draft_len: int | None = None
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[str]]
+    prompt: str | list[str]
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
@@ -97,7 +98,7 @@ class TextPart(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart]]
+    content: str | list[TextPart]
     name: str | None = None
 
 

@@ -7,7 +7,7 @@ import argparse
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import uvicorn
 
@@ -40,7 +40,7 @@ class OpenAIServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 30) -> "OpenAIServer":
+    def start(self, timeout: float = 30) -> OpenAIServer:
         self.thread = threading.Thread(target=self.server.run, name="openai-api", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -57,7 +57,7 @@ class OpenAIServer:
         if self.thread is not None:
             self.thread.join(timeout)
 
-    def __enter__(self) -> "OpenAIServer":
+    def __enter__(self) -> OpenAIServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -140,7 +140,7 @@ def build_corpus(tokenizer, spec: CorpusSpec) -> list[TrainingSequence]:
     return chat_sequences(tokenizer, spec) + code_sequences(tokenizer, spec)
 
 
-def token_frequencies(tokenizer, seed: int, max_conversations: int = 6000) -> "list[int]":
+def token_frequencies(tokenizer, seed: int, max_conversations: int = 6000) -> list[int]:
     """Counts per target id (list of vocab size) over a larger slice of training text
     (ShareGPT train conversations + stdlib code), for choosing the draft vocabulary."""
     import numpy as np

@@ -15,9 +15,9 @@ import shutil
 from dataclasses import asdict, replace
 
 import numpy as np
-
 from banditspec.errors import BanditSpecValidationError
 from banditspec.paths import cache_dir
+
 from banditspec_train.eagle.corpus import CorpusSpec, build_corpus
 from banditspec_train.eagle.features import FeatureSet, extract_features, load_features, save_features
 from banditspec_train.eagle.selfdistill import DistillSpec, distill

@@ -9,8 +9,8 @@ Its output is checked against plain greedy decoding by the caller when wanted.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch

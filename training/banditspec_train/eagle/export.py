@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import torch
-
 from banditspec.eagle.head3 import Eagle3Head
 
 

@@ -39,7 +39,7 @@ class FeatureSet:
         a, b = int(self.offsets[s]), int(self.offsets[s + 1])
         return self.tokens[a:b], self.features[a:b]
 
-    def subset(self, indices) -> "FeatureSet":
+    def subset(self, indices) -> FeatureSet:
         parts = [self.sequence(int(s)) for s in indices]
         lengths = [len(t) for t, _ in parts]
         return FeatureSet(

@@ -14,12 +14,11 @@ step_decay ** (s - 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
-
 from banditspec.eagle.head import EagleHead
 
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from banditspec.eagle.head3 import Eagle3Head
+
 from banditspec_train.eagle.objective import Batch, StepStats, unrolled_mask, weighted_steps
 
 

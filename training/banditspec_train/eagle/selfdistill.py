@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from banditspec.errors import BanditSpecValidationError
+
 from banditspec_train.eagle.corpus import TrainingSequence, system_prefix_len
 from banditspec_train.eagle.features import FeatureSet, extract_features, layer_features, to_float16
 from banditspec_train.eagle.kvcache import reserved_cache

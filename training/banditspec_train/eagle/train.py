@@ -14,18 +14,18 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
-
 from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS
 from banditspec.eagle.head import EagleConfig, EagleHead, save_head
 from banditspec.eagle.head3 import Eagle3Config, Eagle3Head, default_aux_layers, save_head3
 from banditspec.errors import BanditSpecValidationError
 from banditspec.paths import REPO_ROOT
+
 from banditspec_train.eagle.allocator import keep_freed_memory, use_huge_pages
 from banditspec_train.eagle.corpus import CorpusSpec, token_frequencies
 from banditspec_train.eagle.dataset import concat, training_parts
@@ -393,6 +393,7 @@ def warm_start(head: Eagle3Head, model, layer_index: int, fc_noise: float) -> No
 def run(args: argparse.Namespace) -> int:
     """Build the head; returns a process exit code."""
     from banditspec.engine.models import load_model
+
     from banditspec_train.eagle.plots import plot_losses
 
     keep_freed_memory()
@@ -439,7 +440,7 @@ def run(args: argparse.Namespace) -> int:
     def counted(s) -> int:
         return int(np.sum(np.maximum(0, np.diff(s.offsets) - 1 - s.loss_from)))
 
-    feature = ("outputs of decoder layers %s (before the final norm), concatenated" % list(aux) if aux
+    feature = (f"outputs of decoder layers {list(aux)} (before the final norm), concatenated" if aux
                else "post-norm last hidden state (LM-head input), as the reference engine returns")
     metadata = {
         "target": args.model,

@@ -24,16 +24,16 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec.engine import panel_kernel
 from banditspec.errors import BanditSpecValidationError
+
 from banditspec_client.bench.compare.summary import markdown_report, summarize, summary_dict
-from banditspec_client.bench.methods import (DEFAULT_METHODS, FIXED_DRAFTERS, VANILLA, Method, RunRecord,
-                                             parse_methods)
+from banditspec_client.bench.methods import DEFAULT_METHODS, FIXED_DRAFTERS, VANILLA, Method, RunRecord, parse_methods
 from banditspec_client.bench.runner import Runner, RunSettings, run_interleaved
 from banditspec_client.bench.splits import SPLITS, describe
 from banditspec_client.bench.workloads import MULTITURN, MULTITURN_TURNS, Prompt, load_workload, parse_workloads

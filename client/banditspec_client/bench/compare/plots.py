@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from banditspec_client.bench.methods import VANILLA, RunRecord
 from banditspec_client.bench.compare.summary import WorkloadSummary, by_prompt, is_adaptive
+from banditspec_client.bench.methods import VANILLA, RunRecord
 from banditspec_client.bench.report import pyplot, save_png
 
 

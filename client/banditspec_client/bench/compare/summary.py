@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from banditspec_client.bench.methods import ADAPTIVE_POLICIES, FIXED_DRAFTERS, VANILLA, RunRecord
 from banditspec_client.bench.report import MISSING, fmt

@@ -31,9 +31,9 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import socket
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,8 +42,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from banditspec_client.bench.concurrency.load import (TRANSPORTS, BlockResult, Client, OpenAIStreamClient,
-                                                       TritonStreamClient, run_block)
+from banditspec_client.bench.concurrency.load import (
+    TRANSPORTS,
+    BlockResult,
+    Client,
+    OpenAIStreamClient,
+    TritonStreamClient,
+    run_block,
+)
 from banditspec_client.triton_client import GenerationOptions
 
 DEFAULT_OUT = Path("docs/benchmarks/concurrency")
@@ -233,10 +239,11 @@ def mark_mismatches(blocks: list[BlockResult], temperature: float) -> dict[int, 
 
 def run(args) -> int:
     from banditspec.paths import cache_dir
-    from banditspec_client.bench.concurrency.summary import write_report
-    from banditspec_client.bench.workloads import load_workload
-    from banditspec_client.bench.through_triton import bench_repository
     from banditspec_server.serve import SOURCE_REPOSITORY, TritonServer
+
+    from banditspec_client.bench.concurrency.summary import write_report
+    from banditspec_client.bench.through_triton import bench_repository
+    from banditspec_client.bench.workloads import load_workload
 
     levels = _ints(args.concurrency)
     methods = parse_methods(args.methods)

@@ -22,8 +22,9 @@ import asyncio
 import json
 import resource
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -267,7 +268,7 @@ async def run_block(client: Client, *, transport: str, method: str, prompts: Seq
             outcomes.append(outcome)
             try:
                 await asyncio.wait_for(client.request(prompts[index], opts, outcome, began), request_timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 outcome.error = f"{transport}: no answer in {request_timeout_s:g} s"
             except Exception as exc:  # a refused connection, a broken stream: counted, the loop goes on
                 outcome.error = f"{transport}: {type(exc).__name__}: {exc}"[:300]
