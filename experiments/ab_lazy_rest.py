@@ -24,10 +24,10 @@ runner = InProcessRunner(RunSettings())
 
 
 def run(prompt, method):
-    RestDrafter.proposes_lazily = method.name == "lazy"
+    RestDrafter.traits = dataclasses.replace(RestDrafter.traits, proposes_lazily=method.name == "lazy")
     return runner.run(prompt, method, 64)
 
 
 rows = interleaved([(w, load_workload(w, n, seed=seed)) for w in WORKLOADS], methods, run)
-RestDrafter.proposes_lazily = True
+RestDrafter.traits = dataclasses.replace(RestDrafter.traits, proposes_lazily=True)
 report(rows, "lazy", "eager", out)

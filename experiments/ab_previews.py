@@ -22,15 +22,15 @@ base = parse_methods("costaware")[0]
 methods = [dataclasses.replace(base, name="previews"), dataclasses.replace(base, name="blind")]
 runner = InProcessRunner(RunSettings())
 eagle = runner.shared_drafters["eagle"]
-default = eagle.previews
+default = eagle.traits.previews
 
 
 def run(prompt, method):
-    eagle.previews = method.name == "previews"
+    eagle.traits = dataclasses.replace(eagle.traits, previews=method.name == "previews")
     return runner.run(prompt, method, 64)
 
 
 with tqdm(total=len(WORKLOADS) * n * 2) as bar:
     rows = interleaved([(w, load_workload(w, n, seed=seed)) for w in WORKLOADS], methods, run, bar)
-eagle.previews = default
+eagle.traits = dataclasses.replace(eagle.traits, previews=default)
 report(rows, "previews", "blind", out)

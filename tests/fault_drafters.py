@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from banditspec.checks import check_int, is_number
-from banditspec.drafters.base import Draft, Drafter, empty_draft
+from banditspec.drafters.base import Draft, Drafter, DrafterTraits, empty_draft
 from banditspec.errors import BanditSpecValidationError
 
 FAULT_RAISE = "fault_raise"
@@ -37,6 +37,8 @@ _empty = empty_draft
 
 class RaisingDrafter:
     """Every session returns ``fail_after`` empty drafts, then raises on each ``propose``."""
+
+    traits = DrafterTraits()  # the deadline thread: a hang must not block the request
 
     def __init__(self, *, fail_after: int = 0, name: str = FAULT_RAISE):
         check_int("fail_after", fail_after, 0)
@@ -77,6 +79,8 @@ class HangingDrafter:
 
     ``hanging`` counts proposals blocked right now, ``hangs_started`` all that ever blocked.
     """
+
+    traits = DrafterTraits()  # the deadline thread: a hang must not block the request
 
     def __init__(self, *, max_hang_s: float = 30.0, name: str = FAULT_HANG):
         if not is_number(max_hang_s) or not max_hang_s > 0:

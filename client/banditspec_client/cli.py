@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from banditspec.bandits.registry import POLICY_CHOICES
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY
@@ -29,7 +31,7 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream", action="store_true", help="print text as it is accepted")
 
 
-def _cmd_generate(args) -> int:
+def _cmd_generate(args: argparse.Namespace) -> int:
     if args.url:
         from banditspec_client.triton_client import generate_remote
 
@@ -37,7 +39,7 @@ def _cmd_generate(args) -> int:
     return _generate_local(args)
 
 
-def _generate_local(args) -> int:
+def _generate_local(args: argparse.Namespace) -> int:
     from banditspec.config import GenerationRequest, fresh_seed
     from banditspec.decoding.session import generate
     from banditspec.serving.runtime import DEFAULT_ARMS, load_local
@@ -79,7 +81,7 @@ def _generate_local(args) -> int:
     return 0
 
 
-def _summary(stats: dict) -> str:
+def _summary(stats: dict[str, Any]) -> str:
     arms = ", ".join(f"{a}: {v['pulls']} pulls, {v['accepted']}/{v['drafted']} accepted" for a, v in stats["per_arm"].items())
     return (
         f"[{stats['generated_tokens']} tokens in {stats['steps']} steps, "
@@ -87,7 +89,7 @@ def _summary(stats: dict) -> str:
     )
 
 
-def _cmd_build(args) -> int:
+def _cmd_build(args: argparse.Namespace) -> int:
     if args.what == "model":
         from banditspec.engine.models import model_dir
 
@@ -130,8 +132,8 @@ MODULE_COMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _delegate(module: str):
-    def run(args) -> int:
+def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
         import importlib
 
         return importlib.import_module(module).run(args)

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=DEFAULT_POLICY)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from banditspec_server.serve import TritonServer
 
     from banditspec_client.triton_client import GenerationOptions, generate_grpc

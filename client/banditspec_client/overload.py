@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import numpy as np
 from banditspec.paths import cache_dir
@@ -40,7 +41,7 @@ POLICIES = ["ucbspec", "exp3spec", "vanilla", "fixed:pld"]
 
 
 def run_overload(model: str, clients: int, seconds: float, max_concurrent: int, max_tokens: int,
-                 busy_backoff_s: float, sample_every_s: float = 2.0) -> dict:
+                 busy_backoff_s: float, sample_every_s: float = 2.0) -> dict[str, Any]:
     reference = VanillaReference(model)
     expected = {p: reference.text(p, max_tokens) for p in PROMPTS}
     log = cache_dir() / "overload-tritonserver.log"
@@ -49,14 +50,16 @@ def run_overload(model: str, clients: int, seconds: float, max_concurrent: int, 
         model=model, http_port=0, grpc_port=0, metrics_port=0, log_path=log,
         overrides={"banditspec": {"drafters": "pld,suffix", "max_concurrent_sequences": str(max_concurrent)}},
     )
-    outcomes: Counter = Counter()
-    other_errors: Counter = Counter()
+    outcomes: Counter[str] = Counter()
+    other_errors: Counter[str] = Counter()
     latencies: list[float] = []
     mismatches: list[str] = []
-    samples: list[dict] = []
+    samples: list[dict[str, float]] = []
     lock = threading.Lock()
     with server:
-        processes = server_processes(server.process.pid)
+        assert server.process is not None  # started by the with
+        server_pid = server.process.pid
+        processes = server_processes(server_pid)
         regions = {p.shm_region for p in processes if p.shm_region}
         shm_start = shm_bytes(regions)
         stop_at = time.monotonic() + seconds
@@ -95,7 +98,7 @@ def run_overload(model: str, clients: int, seconds: float, max_concurrent: int, 
                     metrics = scrape_metrics(server.metrics_port)
                 except OSError:
                     continue
-                procs = server_processes(server.process.pid)
+                procs = server_processes(server_pid)
                 samples.append({
                     "t": round(time.monotonic() - t0, 1),
                     "rss_mb": round(sum(p.rss_bytes for p in procs) / 2**20, 1),
@@ -115,7 +118,7 @@ def run_overload(model: str, clients: int, seconds: float, max_concurrent: int, 
         done.set()
         watcher.join(10)
         shm_end = shm_bytes(regions)
-        stubs_alive = {p.pid for p in server_processes(server.process.pid) if p.shm_region} == {
+        stubs_alive = {p.pid for p in server_processes(server_pid) if p.shm_region} == {
             p.pid for p in processes if p.shm_region}
         ready_after = server.is_ready()
     total = sum(outcomes.values())
@@ -138,7 +141,7 @@ def run_overload(model: str, clients: int, seconds: float, max_concurrent: int, 
     }
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
     parser.add_argument("--clients", type=int, default=32)

@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
@@ -40,6 +41,11 @@ from banditspec.serving.runtime import DEFAULT_ARMS
 
 from banditspec_client.bench.splits import SPLITS, describe
 from banditspec_client.bench.workloads import MULTITURN, MULTITURN_TURNS
+
+if TYPE_CHECKING:
+    from banditspec.bandits.cost_model import CostModel
+    from banditspec.engine.reference import ReferenceEngine
+    from banditspec.evaluation.replay import Trace
 
 STEEP = [1.00, 1.54, 1.77, 1.79, 1.98, 2.10, 2.21, 2.26, 2.31]  # the fp32 engine before fast kernels
 FLAT = [1.00, 1.02, 1.04, 1.06, 1.08, 1.10, 1.12, 1.14, 1.16]  # GPU-like
@@ -100,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --- prompts and recording --------------------------------------------------------------
 
 
-def _prompts(args) -> list[tuple[str, str]]:
+def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     from banditspec_client.bench.workloads import load_prompts_file, load_workload
 
     if args.prompts_file is not None:
@@ -114,14 +120,14 @@ def _prompts(args) -> list[tuple[str, str]]:
     return [item for group in zip(*lists) for item in group]
 
 
-def _skip(args) -> int:
+def _skip(args: argparse.Namespace) -> int:
     skip = getattr(args, "skip", 0)
     if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
         raise BanditSpecValidationError("skip", f"must be an integer >= 0, got {skip!r}")
     return skip
 
 
-def check_replay_options(args) -> None:
+def check_replay_options(args: argparse.Namespace) -> None:
     """Refuse what a replay cannot score exactly, naming the option."""
     temperature = getattr(args, "temperature", 0.0)
     if temperature != 0:
@@ -136,11 +142,11 @@ def check_replay_options(args) -> None:
         raise BanditSpecValidationError("prompts_file", f"not with --workloads {MULTITURN}")
 
 
-def is_multiturn(args) -> bool:
+def is_multiturn(args: argparse.Namespace) -> bool:
     return args.prompts_file is None and [w.strip() for w in args.workloads.split(",") if w.strip()] == [MULTITURN]
 
 
-def conversation_prompts(args, tokenizer) -> list[tuple[str, list[int], list[int]]]:
+def conversation_prompts(args: argparse.Namespace, tokenizer: Any) -> list[tuple[str, list[int], list[int]]]:
     """(kind, prompt ids, greedy output) per turn of the multiturn conversations, conversation by
     conversation (the serving order): turn k's prompt is the conversation so far with the target's
     own greedy answers (its output decoded to text, as the OpenAI API returns it) in place of the
@@ -180,7 +186,7 @@ def conversation_prompts(args, tokenizer) -> list[tuple[str, list[int], list[int
     return [(kind, list(ids), list(out)) for kind, ids, out in rows]
 
 
-def _greedy_batched(engine, prompts: list[list[int]], max_tokens: int, batch: int) -> list[list[int]]:
+def _greedy_batched(engine: ReferenceEngine, prompts: list[list[int]], max_tokens: int, batch: int) -> list[list[int]]:
     """Greedy outputs, ``batch`` prompts per forward: prompts left-padded, one KV cache per
     batch grown in place (the engine's fast decoder, no prefix cache), so a step over 16
     sequences costs little more than over one. Rounding may differ from solo decoding
@@ -189,6 +195,7 @@ def _greedy_batched(engine, prompts: list[list[int]], max_tokens: int, batch: in
     from tqdm import tqdm
 
     fast, head, eos = engine._fast, engine._lm_head, engine.eos_id
+    assert fast is not None  # the engine's default kernels ("fast"), not "transformers"
     outputs: list[list[int]] = [[] for _ in prompts]
     bar = tqdm(total=len(prompts), desc="recording target outputs")
     by_length = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # little padding per batch
@@ -222,7 +229,7 @@ def _greedy_batched(engine, prompts: list[list[int]], max_tokens: int, batch: in
     return outputs
 
 
-def record(args, prompts: list[tuple[str, str]] | None):
+def record(args: argparse.Namespace, prompts: list[tuple[str, str]] | None) -> tuple[list[Trace], Any]:
     """Traces for the prompts (None: the multiturn conversations' turns), from the cache when
     recorded before with the same settings."""
     import torch
@@ -276,7 +283,8 @@ def _write_lines(path: Path, lines: list[str]) -> None:
     tmp.rename(path)
 
 
-def _record_costly(args, name: str, traces, tokenizer, path: Path, engine=None) -> None:
+def _record_costly(args: argparse.Namespace, name: str, traces: list[Trace], tokenizer: Any, path: Path,
+                   engine: ReferenceEngine | None = None) -> None:
     """Add a costly drafter's proposals to the traces (cached beside them): one forward per
     prompt over prompt + output gives the target's states at every position; the drafter's
     session is then fed and asked at every position as decoding would."""
@@ -300,13 +308,14 @@ def _record_costly(args, name: str, traces, tokenizer, path: Path, engine=None) 
         torch.set_num_threads(max(1, args.threads))
         engine = ReferenceEngine.from_name(args.model, max_context=4096, cache_entries=1)
     drafter = build_drafters([name], tokenizer, target_model=engine.model)[name]
-    layers = tuple(getattr(drafter, "feature_layers", ()) or ())
+    layers = drafter.traits.feature_layers
     with torch.inference_mode():
         for trace in tqdm(traces, desc=f"recording {name} proposals"):
             sequence = np.asarray(trace.prompt_ids + trace.target[:-1], dtype=np.int32)
             engine.clear()
             (result,) = engine.verify([VerifyRequest(sequence, np.zeros(0, dtype=np.int32), hidden_from=0,
                                                      hidden_layers=layers)])
+            assert result.hidden_states is not None  # asked for (hidden_from)
             record_costly_proposals(trace, name, drafter, result.hidden_states, args.record_len)
     _write_lines(path, [json.dumps({"proposals": t.proposals[name], "previews": t.previews.get(name)}) for t in traces])
 
@@ -326,7 +335,7 @@ def _curve(name: str) -> list[float]:
     return [float(x) for x in json.loads(Path(name).read_text())]
 
 
-def _cost_model(ratios: list[float], max_tokens: int):
+def _cost_model(ratios: list[float], max_tokens: int) -> CostModel:
     from banditspec.bandits.cost_model import CostModel
 
     known = [(k, r) for k, r in enumerate(ratios, start=1) if r is not None]
@@ -336,7 +345,7 @@ def _cost_model(ratios: list[float], max_tokens: int):
     return CostModel.fixed(full)
 
 
-def _surface_model(max_tokens: int, path: Path = SURFACE_JSON):
+def _surface_model(max_tokens: int, path: Path = SURFACE_JSON) -> CostModel:
     """The measured verify-cost surface (seconds by context and k) as a cost model."""
     from banditspec.bandits.cost_model import CostModel
 
@@ -358,8 +367,9 @@ def parse_eagle_cost(text: str) -> tuple[float, float, float | None]:
     return values[0], values[1], values[2] if len(values) == 3 else None
 
 
-def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters: list[str],
-             costly_relative: dict[str, tuple[float, ...]] | None = None, surface: Path = SURFACE_JSON) -> dict:
+def evaluate(traces: list[Trace], eos_id: int, costs: list[str], max_draft_len: int, drafters: list[str],
+             costly_relative: dict[str, tuple[float, float] | tuple[float, float, float | None]] | None = None,
+             surface: Path = SURFACE_JSON) -> dict[str, Any]:
     """``costly_relative``: costly drafter -> (per call, per drafted token[, per preview]) in
     units of a one-token verify of each cost model."""
     from banditspec.bandits.cost_model import CostModel
@@ -368,7 +378,7 @@ def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters
 
     fixed = [f"fixed:{d}@{g}" for d in drafters for g in range(1, max_draft_len + 1)]
     methods = ["vanilla", *fixed, *ADAPTIVE, K_ONLY, RATE]
-    results: dict = {}
+    results: dict[str, Any] = {}
     for cost in costs:
         platform = _surface_model(17, surface) if cost == "surface" else _cost_model(_curve(cost), 17)
         curve = platform.curve()
@@ -391,9 +401,9 @@ def evaluate(traces, eos_id: int, costs: list[str], max_draft_len: int, drafters
     return results
 
 
-def summarise(results: dict, traces, workloads: list[str]) -> dict:
+def summarise(results: dict[str, Any], traces: list[Trace], workloads: list[str]) -> dict[str, Any]:
     """cost -> workload -> method -> {speedup over plain, mean accepted tokens, identical}."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     for cost, data in results.items():
         out[cost] = {}
         for workload in workloads:
@@ -419,7 +429,7 @@ def summarise(results: dict, traces, workloads: list[str]) -> dict:
     return out
 
 
-def _markdown(summary: dict, args, n_traces: int, results: dict) -> str:
+def _markdown(summary: dict[str, Any], args: argparse.Namespace, n_traces: int, results: dict[str, Any]) -> str:
     if args.prompts_file is not None:
         source = f"prompts of {args.prompts_file}"
     elif is_multiturn(args):
@@ -453,7 +463,7 @@ def _markdown(summary: dict, args, n_traces: int, results: dict) -> str:
     return "\n".join(lines)
 
 
-def _plot(summary: dict, out: Path) -> None:
+def _plot(summary: dict[str, Any], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -477,7 +487,7 @@ def _plot(summary: dict, out: Path) -> None:
     plt.close(fig)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     check_replay_options(args)
     prompts = None if is_multiturn(args) else _prompts(args)
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
@@ -541,7 +551,7 @@ def _decode_rate(step_seconds: list[float], accepted: list[int]) -> tuple[int, f
     return sum(a + 1 for a in accepted[1:]), float(sum(step_seconds[1:]))
 
 
-def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
+def wallclock_check(args: argparse.Namespace, traces: list[Trace], tokenizer: Any, drafters: list[str]) -> dict[str, Any]:
     """Decode the first ``--wallclock`` prompts of each workload for real with each method,
     then replay the same prompts and methods with the live engine's cost model (its
     calibrated verify surface and per-step overhead, in seconds), and compare tokens/s after
@@ -572,7 +582,7 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
     engine = ReferenceEngine.from_name(args.model, max_context=2048)
     measured: dict[str, list[dict]] = {m: [] for m in methods}
     started = time.perf_counter()
-    live = None
+    live: CostModel | None = None
     with torch.inference_mode():
         for method in tqdm(methods, desc="wall clock (methods)"):
             # Fresh drafters and decoder per method, prompts in recording order: the suffix
@@ -592,6 +602,7 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
             if method == "costaware" or live is None:
                 live = decoder.cost_model
     wall_minutes = (time.perf_counter() - started) / 60
+    assert live is not None  # at least one method ran
     # The live model is the platform: seconds per round by k and context, overhead included.
     curve = live.curve()
     platform = live
@@ -625,7 +636,7 @@ def wallclock_check(args, traces, tokenizer, drafters: list[str]) -> dict:
     }
 
 
-def _wallclock_markdown(check: dict) -> str:
+def _wallclock_markdown(check: dict[str, Any]) -> str:
     lines = [
         f"Replay vs wall clock: {check['prompts_per_workload']} prompts per workload, {check['max_tokens']} tokens max, "
         f"L = {check['L']}, {check['threads']} thread(s), drafters {', '.join(check['drafters'])}; tokens/s after each "
@@ -647,7 +658,7 @@ def _wallclock_markdown(check: dict) -> str:
     return "\n".join(lines)
 
 
-def _wallclock_plot(check: dict, out: Path) -> None:
+def _wallclock_plot(check: dict[str, Any], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

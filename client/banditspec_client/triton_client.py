@@ -4,6 +4,7 @@ the client wants one answer; over HTTP, ``/generate`` and ``/generate_stream``."
 
 from __future__ import annotations
 
+import argparse
 import json
 import queue
 import sys
@@ -12,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +34,7 @@ class GenerationOptions:
 @dataclass
 class RemoteResult:
     text: str
-    stats: dict
+    stats: dict[str, Any]
     responses: int  # how many responses the server sent
     first_token_seconds: float | None = None
     seconds: float = 0.0
@@ -43,10 +45,10 @@ class TritonError(RuntimeError):
     """An error response from the server (its message, no traceback)."""
 
 
-def _grpc_inputs(prompt: str, opts: GenerationOptions):
+def _grpc_inputs(prompt: str, opts: GenerationOptions) -> list[Any]:
     import tritonclient.grpc as grpcclient
 
-    def tensor(name, value, dtype):
+    def tensor(name: str, value: list[Any], dtype: type[np.generic]) -> Any:
         arr = np.array(value, dtype=dtype).reshape(1, -1)
         t = grpcclient.InferInput(name, list(arr.shape), {np.int32: "INT32", np.float32: "FP32", np.uint64: "UINT64", np.bool_: "BOOL", np.object_: "BYTES"}[dtype])
         t.set_data_from_numpy(arr)
@@ -184,7 +186,7 @@ def generate_http(
     return RemoteResult("".join(chunks), stats, len(chunks), first, time.perf_counter() - started, chunks)
 
 
-def generate_remote(args) -> int:
+def generate_remote(args: argparse.Namespace) -> int:
     opts = GenerationOptions(
         max_tokens=args.max_tokens,
         stream=args.stream,

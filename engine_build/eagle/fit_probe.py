@@ -51,7 +51,7 @@ def positions(engine, drafter, ids: list[int], max_new: int, eos: int):
             break
         seq.append(token)
     (result,) = engine.verify([VerifyRequest(input_ids=np.asarray(seq, np.int32), hidden_from=0,
-                                             hidden_layers=drafter.feature_layers)])
+                                             hidden_layers=drafter.traits.feature_layers)])
     features = np.asarray(result.hidden_states, dtype=np.float32)  # [len(seq) (+1), F]: positions 0..
     session = drafter.start(ids)
     start = len(ids)

@@ -61,14 +61,14 @@ def main() -> int:
     jobs = [(w, i, p) for w in workloads for i, p in enumerate(load_workload(w, args.prompts, seed=args.seed))]
     for w, i, prompt in tqdm(jobs, desc="prompts"):
         for method in methods[i % len(methods):] + methods[: i % len(methods)]:
-            eagle.previews = method.name == "costaware+previews"
+            eagle.traits = dataclasses.replace(eagle.traits, previews=method.name == "costaware+previews")
             arms = tuple(a for a in every_arm if not (method.name == "costaware-eagle" and a == "eagle"))
             runner.settings = dataclasses.replace(runner.settings, adaptive_drafters=arms)
             record = runner.run(prompt, method, args.max_tokens)
             rows.append({"workload": w, "prompt": i, "method": method.name, "seconds": record.seconds,
                          "tokens": record.generated_tokens, "digest": record.output_digest,
                          "arms": record.arms, "accepted": record.accepted})
-    eagle.previews = False
+    eagle.traits = dataclasses.replace(eagle.traits, previews=False)
     summary = summarise(rows, workloads)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k != "out"}

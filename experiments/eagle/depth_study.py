@@ -149,7 +149,8 @@ def load_study_head(path: Path) -> Eagle3Head:
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
-        extra = len({key.split(".")[1] for key in f if key.startswith("extra.")})
+        keys = f.keys()  # safe_open is not iterable
+        extra = len({key.split(".")[1] for key in keys if key.startswith("extra.")})
     return load_weights(path, lambda config: DeeperHead(Eagle3Config(**config), extra) if extra
                         else Eagle3Head(Eagle3Config(**config)), torch.float32)
 

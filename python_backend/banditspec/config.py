@@ -36,6 +36,23 @@ def fresh_seed() -> int:
     return secrets.randbits(FRESH_SEED_BITS)
 
 
+def split_arm(text: str) -> tuple[str, str]:
+    """The one reading of the arm syntax ``drafter[@gamma]`` (also ``policy[@L]`` for a
+    benchmark's method): ``pld@2`` -> ("pld", "2"); ``pld`` -> ("pld", "")."""
+    name, _, gamma = text.partition("@")
+    return name, gamma
+
+
+def arm_drafter(text: str) -> str:
+    """``pld@2`` -> ``pld``; ``pld`` -> ``pld``."""
+    return split_arm(text)[0]
+
+
+def arm_text(drafter: str, gamma: int) -> str:
+    """The arm ``drafter`` at ``gamma`` as the arm syntax writes it (``pld@2``)."""
+    return f"{drafter}@{gamma}"
+
+
 @dataclass(frozen=True)
 class ArmSpec:
     """One arm: ``drafter`` proposes up to ``gamma`` tokens per step."""
@@ -45,7 +62,7 @@ class ArmSpec:
 
     @property
     def name(self) -> str:
-        return VANILLA_ARM if not self.drafter else f"{self.drafter}@{self.gamma}"
+        return VANILLA_ARM if not self.drafter else arm_text(self.drafter, self.gamma)
 
 
 def parse_arm(text: str, max_draft_len: int, known_drafters: Sequence[str]) -> ArmSpec:
@@ -53,7 +70,7 @@ def parse_arm(text: str, max_draft_len: int, known_drafters: Sequence[str]) -> A
     text = text.strip()
     if text == VANILLA_ARM:
         return ArmSpec("", 0)
-    drafter, _, gamma_text = text.partition("@")
+    drafter, gamma_text = split_arm(text)
     if drafter not in known_drafters:
         raise BanditSpecValidationError(
             "arms", f"unknown arm {text!r}; available drafters: {', '.join(known_drafters) or 'none'}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from banditspec.config import check_prompt
 from banditspec.errors import BanditSpecValidationError
@@ -10,7 +11,7 @@ from banditspec.errors import BanditSpecValidationError
 CHAT_ROLES = ("system", "user", "assistant")
 
 
-def render_chat(tokenizer, messages: Sequence[Mapping[str, str]], *, reply: bool = True) -> str:
+def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, reply: bool = True) -> str:
     """The text of a chat in the model's chat template: ``messages`` are ``{"role", "content"}``
     (role system, user or assistant; content a string); ``reply``: the assistant's turn is opened
     after them (a prompt), else the chat ends with its last message (training text).
@@ -30,12 +31,12 @@ def render_chat(tokenizer, messages: Sequence[Mapping[str, str]], *, reply: bool
     return tokenizer.apply_chat_template(turns, add_generation_prompt=reply, tokenize=False)
 
 
-def text_ids(tokenizer, text: str) -> list[int]:
+def text_ids(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` as it is: no special tokens added."""
     return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
-def prompt_ids(tokenizer, text: str, *, chat: bool) -> list[int]:
+def prompt_ids(tokenizer: Any, text: str, *, chat: bool) -> list[int]:
     """Token ids of a prompt; with ``chat`` the text is one user turn in the model's chat template
     (when it has one), rendered by :func:`render_chat`."""
     check_prompt(text if isinstance(text, str) else None)
@@ -44,7 +45,7 @@ def prompt_ids(tokenizer, text: str, *, chat: bool) -> list[int]:
     return text_ids(tokenizer, text)
 
 
-def stop_sequences(tokenizer, words: Sequence[str]) -> list[list[int]]:
+def stop_sequences(tokenizer: Any, words: Sequence[str]) -> list[list[int]]:
     """Token sequences of stop words (each tokenized on its own, as TensorRT-LLM does)."""
     out = []
     for word in words:
@@ -54,7 +55,7 @@ def stop_sequences(tokenizer, words: Sequence[str]) -> list[list[int]]:
     return out
 
 
-def bad_word_sequences(tokenizer, words: Sequence[str]) -> list[list[int]]:
+def bad_word_sequences(tokenizer: Any, words: Sequence[str]) -> list[list[int]]:
     """Token sequences of bad words: each tokenized on its own without special tokens, a word
     of no tokens skipped (TensorRT-LLM's preprocessing does the same)."""
     return [ids for word in words if (ids := text_ids(tokenizer, word))]
@@ -65,7 +66,7 @@ class IncrementalDetokenizer:
     exactly ``tokenizer.decode(all ids)``. A trailing incomplete UTF-8 character
     (decoded as U+FFFD) is held back until the next token completes it."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._ids: list[int] = []
         self._emitted = ""

@@ -15,6 +15,7 @@ The config files are generated (``python -m banditspec_server.model_aliases``) f
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -27,7 +28,7 @@ REPOSITORIES = ("model_repository", "model_repository_trtllm")
 RENAMED = {"temperature": "trtllm_temperature"}
 
 
-def _dims(dims) -> str:
+def _dims(dims: Iterable[int]) -> str:
     return ", ".join(str(d) for d in dims)
 
 

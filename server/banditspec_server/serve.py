@@ -29,8 +29,13 @@ import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
+from typing import IO, TYPE_CHECKING
 
 from banditspec.paths import REPO_ROOT, cache_dir
+
+if TYPE_CHECKING:
+    from banditspec_server.supervisor import StubWatch
 
 SOURCE_REPOSITORY = REPO_ROOT / "model_repository"
 # The Python backend's stub runs an isolated interpreter (Triton 2.51: sys.flags.isolated, so
@@ -85,9 +90,9 @@ _PARAM = re.compile(r'(parameters\s*\{\s*key:\s*"(?P<key>[^"]+)"\s*value:\s*\{\s
 
 def set_parameters(config_text: str, values: Mapping[str, str]) -> str:
     """Replace the string values of existing ``parameters`` entries; unknown keys fail."""
-    seen = set()
+    seen: set[str] = set()
 
-    def repl(match):
+    def repl(match: re.Match[str]) -> str:
         key = match.group("key")
         if key in values:
             seen.add(key)
@@ -217,12 +222,12 @@ class _OutputTail:
     """Drains tritonserver's output (and its stubs') into its log file, or nowhere, keeping
     the last lines: a failed start-up can then say why."""
 
-    def __init__(self, stream, log_path: Path | None, keep: int = 200):
+    def __init__(self, stream: IO[bytes], log_path: Path | None, keep: int = 200) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=keep)
         self.thread = threading.Thread(target=self._run, args=(stream, log_path), daemon=True, name="tritonserver-output")
         self.thread.start()
 
-    def _run(self, stream, log_path: Path | None) -> None:
+    def _run(self, stream: IO[bytes], log_path: Path | None) -> None:
         sink = open(log_path, "ab") if log_path else None  # noqa: SIM115 (closed when the stream ends)
         try:
             for line in iter(stream.readline, b""):
@@ -292,7 +297,7 @@ class TritonServer:
         source: Path = SOURCE_REPOSITORY,
         host: str = "127.0.0.1",
         admin_key: str | None = None,
-    ):
+    ) -> None:
         self.model = model
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         for field in PORT_FIELDS:
@@ -312,12 +317,12 @@ class TritonServer:
         self.log_path = log_path
         self.extra_args = extra_args
         self.source = source
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.repository: Path | None = None
         # where HTTP, gRPC and metrics listen; with admin_key, the APIs in RESTRICTED_APIS
         # answer only requests that carry the header ``admin-key: <key>``
         self.host, self.admin_key = host, admin_key
-        self.watch = None  # supervisor.StubWatch: the stubs and their /dev/shm regions
+        self.watch: StubWatch | None = None  # the stubs and their /dev/shm regions
 
     @property
     def http_url(self) -> str:
@@ -369,6 +374,7 @@ class TritonServer:
             self.command(), env=server_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        assert self.process.stdout is not None  # stdout=PIPE
         self._output = _OutputTail(self.process.stdout, self.log_path)
         from banditspec_server.supervisor import StubWatch
 
@@ -381,7 +387,8 @@ class TritonServer:
         code = self.process.returncode if self.process is not None else None
         taken = self._output.port_in_use() if self._output is not None else None
         field = next((f for f in PORT_FIELDS if taken is not None and getattr(self, f) == taken), None)
-        if field is not None and field in self._auto_ports and not self._ports_fixed and self.port_retries < PORT_RETRIES:
+        if (field is not None and taken is not None and field in self._auto_ports and not self._ports_fixed
+                and self.port_retries < PORT_RETRIES):
             self.port_retries += 1
             print(f"tritonserver: {field} {taken} was taken before it could listen; starting again on another port",
                   file=sys.stderr, flush=True)
@@ -390,7 +397,7 @@ class TritonServer:
             setattr(self, field, 0)
             self.start()
             return
-        if field is not None:
+        if field is not None and taken is not None:
             self.stop(timeout=5)
             raise PortInUseError(field, taken, self.host, "tritonserver could not listen there")
         detail = self._output.last_error() if self._output is not None else ""
@@ -490,7 +497,7 @@ class TritonServer:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
         for field in self._auto_ports:
             release_port(getattr(self, field))
@@ -604,7 +611,7 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.log_file is None:
         from banditspec.paths import cache_dir
 
@@ -623,7 +630,7 @@ def run(args) -> int:
     stop = {"requested": False}
     stop_event = threading.Event()
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         stop["requested"] = True
         stop_event.set()
 

@@ -43,12 +43,14 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 STUB_BINARY = b"triton_python_backend_stub"
 UNKNOWN_MODEL = "unknown"  # a stub that died before the watch saw it alive
@@ -129,7 +131,7 @@ def list_stubs(server_pid: int) -> list[Stub]:
     return _stub_children(server_pid)[0]
 
 
-def remove_regions(regions) -> list[str]:
+def remove_regions(regions: Iterable[str]) -> list[str]:
     """Unlink the named /dev/shm regions; returns those that were still there."""
     removed = []
     for region in sorted(regions):
@@ -208,6 +210,31 @@ class StubWatch:
             self.known.update(live)
             self.regions.update(s.region for s in live.values())
         return dead
+
+
+class SupervisedServer(Protocol):
+    """What the supervisor uses of a :class:`~banditspec_server.serve.TritonServer`."""
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None: ...
+
+    @property
+    def watch(self) -> StubWatch | None: ...
+
+    @property
+    def metrics_port(self) -> int: ...
+
+    @property
+    def http_url(self) -> str: ...
+
+    @property
+    def grpc_url(self) -> str: ...
+
+    def start(self) -> object: ...
+
+    def stop(self, timeout: float = ...) -> int | None: ...
+
+    def wait_ready(self, timeout: float = ...) -> None: ...
 
 
 PROBED_MODELS = ("target", "eagle", "banditspec")
@@ -380,7 +407,7 @@ def cpu_seconds(pid: int) -> float | None:
     return None if fields is None else (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
-def model_counters(metrics_port: int, models) -> dict[str, tuple[float | None, float | None]] | None:
+def model_counters(metrics_port: int, models: Iterable[str]) -> dict[str, tuple[float | None, float | None]] | None:
     """{model: (completed executions, backend failures)} from Triton's own per-model metrics;
     None when the metrics port does not answer."""
     from banditspec_client.prometheus_text import metric_value, scrape_metrics
@@ -393,14 +420,20 @@ def model_counters(metrics_port: int, models) -> dict[str, tuple[float | None, f
                 metric_value(series, "nv_inference_request_failure", model=m, reason="BACKEND")) for m in models}
 
 
+# (metrics port, models) -> {model: (completed executions, backend failures)}, None when unreadable
+CountersFn = Callable[[int, tuple[str, ...]], dict[str, tuple[float | None, float | None]] | None]
+
+
 class HangWatch:
     """The progress of one server's PROBED_MODELS (:class:`ProgressWatch` each),
     with their probes sent from daemon threads; ``check()`` names the hung ones. ``stubs()``
     gives each model's stub pid (for its CPU time)."""
 
-    def __init__(self, server, hang_s: float, *, models=PROBED_MODELS, clock: Callable[[], float] = time.monotonic,
-                 counters=None, probe=None, stubs: Callable[[], dict[str, int]] | None = None,
-                 cpu: Callable[[int], float | None] | None = None):
+    def __init__(self, server: SupervisedServer, hang_s: float, *, models: Iterable[str] = PROBED_MODELS,
+                 clock: Callable[[], float] = time.monotonic, counters: CountersFn | None = None,
+                 probe: Callable[[str, str, float], tuple[str, str]] | None = None,
+                 stubs: Callable[[], dict[str, int]] | None = None,
+                 cpu: Callable[[int], float | None] | None = None) -> None:
         self.server, self.hang_s, self.models = server, hang_s, tuple(models)
         self.clock = clock
         self.counters = counters or model_counters
@@ -416,7 +449,7 @@ class HangWatch:
 
         url = self.server.grpc_url if model in STREAMED_PROBES else self.server.http_url
 
-        def run():
+        def run() -> None:
             outcome, detail = self.probe(url, model, self.hang_s)
             with self._lock:
                 watch.probe_finished(self.clock(), outcome, detail)
@@ -453,7 +486,7 @@ def active_sequences(metrics_port: int) -> float | None:
         return None
 
 
-def _describe(stubs) -> str:
+def _describe(stubs: Iterable[Stub]) -> str:
     """Stubs for the log: "target (pid 11), eagle (pid 12)", or "none"."""
     return ", ".join(f"{s.model} (pid {s.pid})" for s in stubs) or "none"
 
@@ -507,7 +540,7 @@ class Supervisor:
 
     def __init__(
         self,
-        server,
+        server: SupervisedServer,
         *,
         on_stub_death: str = "restart",
         poll_s: float = 0.5,
@@ -519,7 +552,7 @@ class Supervisor:
         hang_s: float = DEFAULT_HANG_S,
         availability: Availability | None = None,
         log: Callable[[str], None] | None = None,
-    ):
+    ) -> None:
         if on_stub_death not in ("restart", "exit"):
             raise ValueError(f"on_stub_death: expected 'restart' or 'exit', got {on_stub_death!r}")
         if isinstance(hang_s, bool) or not isinstance(hang_s, (int, float)) or not hang_s >= 0:
@@ -604,7 +637,7 @@ class Supervisor:
         model, key = RETRY_AFTER_PARAMETER
         overrides, source = getattr(self.server, "overrides", None), getattr(self.server, "source", None)
         try:
-            has_it = f'"{key}"' in (Path(source) / model / "config.pbtxt").read_text()
+            has_it = source is not None and f'"{key}"' in (Path(source) / model / "config.pbtxt").read_text()
         except (OSError, TypeError):
             has_it = False  # another repository (a fake server in a test): nothing to tell
         if has_it and isinstance(overrides, dict):

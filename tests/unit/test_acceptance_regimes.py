@@ -60,10 +60,10 @@ def test_the_decoder_keys_each_requests_statistics_by_its_temperature():
     assert decoder.shared_acceptance.regimes() == [GREEDY]
     sampled = decoder.start(GenerationRequest(prompt_ids=[3, 4, 5], max_tokens=30, arms=["right"], max_draft_len=8,
                                               temperature=0.7, seed=1))
-    assert sampled.controller is not None and sampled.controller.regime == "t<=0.9"
-    assert sampled.controller.prior == {}  # the greedy evidence does not seed it
+    assert sampled.controller.policy.regime == "t<=0.9"
+    assert sampled.controller.policy.prior == {}  # the greedy evidence does not seed it
     run_to_completion(engine, sampled)
     assert decoder.shared_acceptance.regimes() == [GREEDY, "t<=0.9"]
     again = decoder.start(GenerationRequest(prompt_ids=[3, 4, 5], max_tokens=30, arms=["right"], max_draft_len=8,
                                             temperature=0.6, seed=2))
-    assert again.controller is not None and "right" in again.controller.prior
+    assert "right" in again.controller.policy.prior

@@ -44,7 +44,7 @@ def test_the_background_thread_runs_the_jobs_in_order_off_the_callers_thread_and
 
 
 def _offered(session, drafter: str) -> float:
-    return float(session.controller.local[drafter].offered.sum())
+    return float(session.controller.policy.local[drafter].offered.sum())
 
 
 @pytest.mark.parametrize("mode", ["now", "deferred"])
@@ -56,8 +56,8 @@ def test_deferred_learning_waits_for_the_next_choice_but_the_context_is_current(
     session.apply(result)
     position = len(PROMPT)  # both drafters proposed at the first step, for this position
     # the next round's context: whether each drafter's latest first token was right, either way
-    assert session._rounds._last_first["right"] == (position, True)
-    assert session._rounds._last_first["wrong"] == (position, False)
+    assert session.controller.rounds._last_first["right"] == (position, True)
+    assert session.controller.rounds._last_first["wrong"] == (position, False)
     if mode == "now":
         assert _offered(session, "right") > 0 and _offered(session, "wrong") > 0
     else:  # the step's outcomes are learned once the next round is chosen, not before
@@ -117,7 +117,7 @@ def test_an_error_in_the_learning_fails_the_request_it_belongs_to(mode):
     decoder, engine = timed_decoder(FLAT, bookkeeping=mode, right=oracle)
     session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["right"], max_draft_len=4))
     calls = 0
-    score = session._rounds.score
+    score = session.controller.rounds.score
 
     def failing(sequence, final=False):
         nonlocal calls
@@ -126,7 +126,7 @@ def test_an_error_in_the_learning_fails_the_request_it_belongs_to(mode):
             raise ValueError("scoring bug")
         score(sequence, final)
 
-    session._rounds.score = failing
+    session.controller.rounds.score = failing
     with pytest.raises(ValueError, match="scoring bug"):
         run_to_completion(engine, session)
     assert session.finished  # cancelled: its drafters closed
@@ -139,13 +139,13 @@ def test_a_steps_verify_time_is_the_target_calls_not_the_last_steps_learning():
     Prometheus one) nor the cost model's observation of the verify curve may include it."""
     decoder, engine = timed_decoder(FLAT, bookkeeping="deferred", right=oracle)
     session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["right"], max_draft_len=4))
-    score = session._rounds.score
+    score = session.controller.rounds.score
 
     def slow(sequence, final=False):
         engine.clock.advance(1.0)  # learning that takes a second of the controller's time
         score(sequence, final)
 
-    session._rounds.score = slow
+    session.controller.rounds.score = slow
     result = run_to_completion(engine, session)
     assert result.token_ids == engine.engine.vanilla(PROMPT, 30)
     verify = result.stats.verify_seconds

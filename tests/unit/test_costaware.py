@@ -10,7 +10,7 @@ from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.rewards import ThroughputReward
 from banditspec.decoding.session import run_to_completion
-from banditspec.drafters.base import Draft
+from banditspec.drafters.base import Draft, DrafterTraits
 from banditspec.evaluation.replay import VirtualClock
 from banditspec.gamma_controller import make_gamma_budget
 
@@ -125,7 +125,7 @@ def test_calibration_times_decoding_steps_that_extend_the_engines_cache_in_place
 
     class Head:  # a drafter that reads the target's states (Eagle)
         name = "head"
-        needs_hidden_states = True
+        traits = DrafterTraits(needs_hidden_states=True)
 
     engine = CopyingEngine()
     decoder = SpeculativeDecoder.for_engine(engine, {"head": Head()}, clock=clock, cost_model=CostModel(6))
@@ -340,7 +340,7 @@ def test_a_costly_drafter_that_declines_is_scored_and_the_round_still_drafts():
     and each such round decoded plainly although a cheap drafter was right (measured on
     SmolLM2 chat: 146 of 220 rounds plain, 21 against 26.6 tokens/s without Eagle)."""
     decoder, engine = timed_decoder(FLAT, right=oracle, shy=lambda _engine: (lambda context, max_len: []))
-    decoder.drafters["shy"].costly = True  # proposes only when chosen, like Eagle
+    decoder.drafters["shy"].traits = DrafterTraits(costly=True)  # proposes only when chosen, like Eagle
     request = GenerationRequest(prompt_ids=PROMPT, max_tokens=60, arms=["shy", "right"], max_draft_len=4)
     result = run_to_completion(engine, decoder.start(request))
     assert result.token_ids == engine.engine.vanilla(PROMPT, 60)
@@ -370,7 +370,7 @@ def test_costaware_stats_report_the_cost_model():
     decoder, engine = timed_decoder(FLAT, right=oracle)
     session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=10, arms=["right"], max_draft_len=4))
     run_to_completion(engine, session)
-    stats = session.controller_stats()
+    stats = session.controller.stats()
     assert stats["policy"] == "costaware" and stats["cost_model"]["relative"][:3] == pytest.approx(FLAT[:3], abs=1e-3)
 
 
@@ -428,8 +428,9 @@ def test_first_step_is_not_rewarded_under_the_throughput_reward():
     session = decoder.start(GenerationRequest(prompt_ids=PROMPT, max_tokens=20, policy="ucbspec",
                                               arms=["right@2"], reward="throughput", max_draft_len=2))
     rewarded_at = []  # the step index of each update (stats are appended after it)
-    original = session.policy.update
-    session.policy.update = lambda arm, value: (rewarded_at.append(session.stats.steps), original(arm, value))
+    policy = session.controller.policy
+    original = policy.update
+    policy.update = lambda arm, value: (rewarded_at.append(session.stats.steps), original(arm, value))
     run_to_completion(engine, session)
     assert rewarded_at and 0 not in rewarded_at and rewarded_at[0] == 1
 
@@ -460,7 +461,7 @@ def test_a_costly_drafters_cost_is_known_server_wide_so_no_request_tries_it_for_
         return oracle(engine.engine)(context, max_len)
 
     decoder.drafters["slow"] = ScriptedDrafter("slow", slow_but_right)
-    decoder.drafters["slow"].costly = True
+    decoder.drafters["slow"].traits = DrafterTraits(costly=True)
     request = GenerationRequest(prompt_ids=PROMPT, max_tokens=30, arms=["slow", "meh"], max_draft_len=4)
     first = run_to_completion(engine, decoder.start(request))
     assert first.token_ids == engine.engine.vanilla(PROMPT, 30)
@@ -614,6 +615,8 @@ class MatchSession:
 
 
 class MatchDrafter:
+    traits = DrafterTraits()
+
     def __init__(self, name, propose_fn, match_len):
         self.name, self.propose_fn, self.match_len = name, propose_fn, match_len
 

@@ -19,7 +19,7 @@ from banditspec.bandits.costaware import (
 )
 from banditspec.config import ArmSpec
 from banditspec.decoding.costaware_rounds import EXPLORE_DEEPER_BELOW, CostAwareRounds
-from banditspec.drafters.base import Draft, Preview
+from banditspec.drafters.base import Draft, DrafterTraits, Preview
 from banditspec.evaluation.replay import VirtualClock
 
 FLAT = [1.0 + 0.02 * i for i in range(5)]  # verify cost of k tokens / cost of one (L = 4)
@@ -29,17 +29,19 @@ STEEP = [1.0, 1.6, 2.0, 2.4, 2.8]
 class Cheap:
     """A drafter that proposes every round (PLD, suffix, REST)."""
 
+    traits = DrafterTraits()
+
 
 class Costly:
     """A drafter that proposes only when chosen (Eagle, a draft engine)."""
 
-    costly = True
+    traits = DrafterTraits(costly=True)
 
 
 class Previewing(Costly):
     """A costly drafter that previews its first token (Eagle in process)."""
 
-    previews = True
+    traits = DrafterTraits(costly=True, previews=True)
 
 
 class Harness:
@@ -76,22 +78,25 @@ class Harness:
 
         self.controller.choose, self.controller.record = spy_choose, spy_record
 
-    def propose(self, arm, max_len):
-        self.calls.append((arm.drafter, max_len))
-        ids = self.proposals[arm.drafter](self.sequence, max_len)
+    # the request's drafters as the rounds ask them (banditspec.decoding.costaware_rounds.ProposalSource)
+    def drafter(self, name):
+        return self.drafters.get(name)
+
+    def propose(self, name, max_len):
+        self.calls.append((name, max_len))
+        ids = self.proposals[name](self.sequence, max_len)
         return None if ids is None else Draft(token_ids=np.asarray(ids, dtype=np.int32)[:max_len])
 
-    def preview(self, arm):
-        self.previewed.append(arm.drafter)
-        return self.previews[arm.drafter](self.sequence)
+    def preview(self, name):
+        self.previewed.append(name)
+        return self.previews[name](self.sequence)
 
-    def hint(self, arm):
-        return self.hints[arm.drafter](self.sequence) if arm.drafter in self.hints else None
+    def hint(self, name):
+        return self.hints[name](self.sequence) if name in self.hints else None
 
     def choose(self, sequence, limit=4):
         self.sequence = list(sequence)
-        return self.rounds.choose(self.arms, self.available, limit, len(sequence), self.drafters.get, self.propose,
-                                  self.preview, self.hint)
+        return self.rounds.choose(self.arms, self.available, limit, len(sequence), self)
 
 
 def test_no_room_for_a_draft_asks_no_drafter():
@@ -337,7 +342,7 @@ def test_a_preview_is_not_asked_when_the_drafter_cannot_win():
 class Lazy:
     """A cheap drafter whose lookup is dearer than the others' (REST): asked only when it could win."""
 
-    proposes_lazily = True
+    traits = DrafterTraits(proposes_lazily=True)
 
 
 def test_a_lazy_drafter_is_not_asked_when_it_cannot_beat_the_proposals_on_offer():

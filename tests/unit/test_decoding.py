@@ -8,7 +8,7 @@ from banditspec.config import DEFAULT_MAX_DRAFT_LEN as L
 from banditspec.config import GenerationRequest, Limits
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.session import generate, run_to_completion
-from banditspec.drafters.base import Draft
+from banditspec.drafters.base import Draft, DrafterTraits
 from banditspec.errors import BanditSpecValidationError
 
 from tests.mock_engine import MockEngine
@@ -34,6 +34,8 @@ class ScriptedSession:
 
 
 class ScriptedDrafter:
+    traits = DrafterTraits()
+
     def __init__(self, name, propose_fn):
         self.name = name
         self.propose_fn = propose_fn
@@ -358,7 +360,7 @@ class FeatureSession(ScriptedSession):
 class FeatureDrafter(ScriptedDrafter):
     """An Eagle-like drafter: needs the target's hidden states at every position, once each."""
 
-    needs_hidden_states = True
+    traits = DrafterTraits(needs_hidden_states=True)
 
     def __init__(self, name, propose_fn):
         super().__init__(name, propose_fn)
@@ -391,7 +393,7 @@ def test_a_feature_drafter_with_a_prompt_window_is_sent_the_windows_states_only(
     neither the target nor a BLS call carries the rest; then every position once, as before."""
     engine = HiddenStateEngine()
     drafter = FeatureDrafter("eagle", oracle(engine, length_cap=2))
-    drafter.prompt_window = 3
+    drafter.traits = DrafterTraits(needs_hidden_states=True, prompt_window=3)
     decoder = SpeculativeDecoder.for_engine(engine, {"eagle": drafter})
     result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 17, policy="fixed:eagle")))
     assert result.token_ids == engine.vanilla(PROMPT, 17)

@@ -13,7 +13,7 @@ from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.drafting import RequestDrafters
 from banditspec.decoding.session import run_to_completion
-from banditspec.drafters.base import Draft, Preview
+from banditspec.drafters.base import Draft, DrafterTraits, Preview
 from banditspec.drafters.deadline import ProposeTimeout, ProposeWorker
 from banditspec.drafters.registry import build_drafters
 from banditspec.errors import BanditSpecValidationError
@@ -174,6 +174,8 @@ class Session:
 class Fixed:
     """A drafter whose sessions propose ``ids``; ``fail_in``: start | propose | close raises."""
 
+    traits = DrafterTraits()
+
     def __init__(self, ids, fail_in=None):
         self.ids, self.fail_in, self.sessions = ids, fail_in, []
 
@@ -205,6 +207,8 @@ def test_a_draft_with_an_id_outside_the_vocabulary_drops_its_drafter(ids, valid)
 
 class Typed:
     """A drafter whose sessions propose ``ids`` exactly as given (any container, any dtype)."""
+
+    traits = DrafterTraits()
 
     def __init__(self, ids):
         self.ids = ids

@@ -542,8 +542,8 @@ def test_the_factory_builds_the_eagle_arm_the_deployment_can_serve(monkeypatch):
     monkeypatch.setattr(eagle, "head_fit_problem", lambda name, weights=None: None)
     assert isinstance(build(eagle_model="eagle")["eagle"], RemoteEagleDrafter)
     # the remote head's target states follow the head named: EAGLE-3 reads layers 1, 14, 26
-    assert build(eagle_model="eagle")["eagle"].feature_layers == ()
-    assert build(eagle_model="eagle", eagle_head="eagle3")["eagle"].feature_layers == (1, 14, 26)
+    assert build(eagle_model="eagle")["eagle"].traits.feature_layers == ()
+    assert build(eagle_model="eagle", eagle_head="eagle3")["eagle"].traits.feature_layers == (1, 14, 26)
     with pytest.raises(BanditSpecValidationError, match="eagle_head"):
         build(eagle_model="eagle", eagle_head="eagle9")
     monkeypatch.setattr(eagle, "head_fit_problem", lambda name, weights=None: "head built for another target")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from banditspec.decoding.drafting import RequestDrafters
+from banditspec.drafters.base import DrafterTraits
 from banditspec.drafters.eagle import EAGLE1_WEIGHTS, EagleDrafter, load_default_eagle_drafter
 from banditspec.drafters.eagle_remote import RemoteEagleDrafter
 from banditspec.drafters.eagle_service import EagleService
@@ -122,6 +123,7 @@ class Hinting:
     """A drafter whose sessions hint ``value`` (or raise it when it is an exception)."""
 
     name = "e"
+    traits = DrafterTraits()
 
     def __init__(self, value):
         self.value = value

@@ -1,5 +1,6 @@
-"""The linter (ruff) and the type checker (mypy on the sans-I/O core), as configured in
-pyproject.toml, find nothing. Both are pinned in the ``test`` extra."""
+"""The linter (ruff, over the tree) and the type checker (mypy over the core, server, client
+and training packages, every definition annotated), as configured in pyproject.toml, find
+nothing. Both are pinned in the ``test`` extra."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy_finds_nothing_in_the_core():
+def test_mypy_finds_nothing_in_the_packages():
     result = run("mypy")  # files and options: [tool.mypy] in pyproject.toml
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues found" in result.stdout

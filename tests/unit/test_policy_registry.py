@@ -46,7 +46,7 @@ def test_each_policy_string_becomes_its_policy_and_arms(policy, kind, arms):
     request = GenerationRequest(prompt_ids=[1, 2, 3], max_tokens=4, policy=policy, arms=["pld", "vanilla"],
                                 max_draft_len=3)
     session = _decoder().start(request)
-    chosen = session.controller if policy == "costaware" else session.policy
+    chosen = session.controller.policy
     assert type(chosen) is kind and session.arms == arms
 
 
@@ -76,7 +76,7 @@ def test_a_policy_string_from_the_wire_is_matched_by_value():
     resolved = resolve_policy("".join(["van", "illa"]), ["pld"], max_draft_len=4, known_drafters=["pld"])
     assert resolved.arms == [ArmSpec("", 0)]
     session = _decoder().start(GenerationRequest(prompt_ids=[1, 2, 3], max_tokens=4, policy=wire, arms=["pld"]))
-    assert type(session.policy) is VanillaPolicy and session.arms == [ArmSpec("", 0)]
+    assert type(session.controller.policy) is VanillaPolicy and session.arms == [ArmSpec("", 0)]
 
 
 def test_costaware_drops_only_the_vanilla_arm_whatever_the_drafters_are_called():
@@ -97,8 +97,8 @@ def test_index_bandits_are_scaled_to_the_rewards_range(reward, lowest):
                                     max_draft_len=3, reward=reward)
         return _decoder().start(request)
 
-    exp3 = session("exp3spec").policy
+    exp3 = session("exp3spec").controller.policy
     assert exp3.loss(lowest) == pytest.approx(1.0)
     assert exp3.loss(4.0) == pytest.approx(0.0)
     assert exp3.loss((lowest + 4.0) / 2) == pytest.approx(0.5)
-    assert session("ucbspec").policy.reward_range == pytest.approx(4.0 - lowest)
+    assert session("ucbspec").controller.policy.reward_range == pytest.approx(4.0 - lowest)

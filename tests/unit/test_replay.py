@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 from banditspec.bandits.cost_model import CostModel
-from banditspec.drafters.base import Draft, Preview
+from banditspec.drafters.base import Draft, DrafterTraits, Preview
 from banditspec.evaluation.replay import (
     Trace,
     per_step_oracle_seconds,
@@ -126,6 +126,8 @@ class FeatureSession:
 
 
 class FeatureDrafter:
+    traits = DrafterTraits()
+
     def __init__(self):
         self.log = []
 
@@ -208,7 +210,7 @@ def test_a_previewing_costly_drafter_is_replayed_with_its_recorded_previews_at_t
     # each preview advances the clock by its cost and serves the recorded preview of its position
     clock = replay.VirtualClock()
     drafter = replay.ReplayDrafter("eagle", traces, clock, costly=True, preview_seconds=0.001)
-    assert drafter.previews and not replay.ReplayDrafter("eagle", traces, clock, costly=True).previews
+    assert drafter.traits.previews and not replay.ReplayDrafter("eagle", traces, clock, costly=True).traits.previews
     session = drafter.start(traces[0].prompt_ids)
     session.observe(traces[0].target[:1])
     first = session.preview()
@@ -222,9 +224,9 @@ def test_replayed_drafters_are_asked_as_serving_asks_them():
     from banditspec.drafters.registry import drafter_class
     from banditspec.evaluation import replay
 
-    assert drafter_class("rest").proposes_lazily
+    assert drafter_class("rest").traits.proposes_lazily
     clock = replay.VirtualClock()
-    lazy = {name: replay.ReplayDrafter(name, [], clock).proposes_lazily for name in ("pld", "suffix", "rest", "x")}
+    lazy = {name: replay.ReplayDrafter(name, [], clock).traits.proposes_lazily for name in ("pld", "suffix", "rest", "x")}
     assert lazy == {"pld": False, "suffix": False, "rest": True, "x": False}
 
 

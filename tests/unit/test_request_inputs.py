@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, GenerationRequest, Limits, validate_request
 from banditspec.errors import BanditSpecValidationError
-from banditspec.serving.controller import RequestInputs, ServingDefaults, parse_inputs
+from banditspec.serving.config import ServingDefaults
+from banditspec.serving.controller import RequestInputs, parse_inputs
 
 from tests.fake_tokenizer import ByteTokenizer
 

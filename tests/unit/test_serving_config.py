@@ -22,7 +22,7 @@ def shipped(model: str) -> dict[str, str]:
 def test_the_shipped_parameters_read_into_their_types():
     config = ServingConfig.from_parameters(shipped("banditspec"))
     assert config.drafters == ("pld", "suffix", "rest", "eagle", "copy") and config.eagle_model == "eagle"
-    assert config.default_policy == "costaware" and config.default_arms is None and config.rest_datastore is None
+    assert config.defaults.policy == "costaware" and config.defaults.arms is None and config.rest_datastore is None
     assert (config.limits.max_tokens, config.limits.max_prompt_tokens, config.limits.max_draft_len) == (1024, 1536, 16)
     assert config.drafter_deadline_s == 0.5 and config.metrics and config.metrics_log_interval_s == 60.0
     assert ServingConfig.from_parameters({}) == ServingConfig()  # a missing parameter means its default

@@ -159,10 +159,14 @@ def test_the_cost_model_learns_the_verify_pass_apart_from_the_decode_on():
         def observe_overhead(self, seconds):
             pass
 
+    from banditspec.bandits.vanilla import VanillaPolicy
+    from banditspec.decoding.controllers import ArmPolicyController
+    from banditspec.decoding.rewards import make_reward
     from banditspec.decoding.session import DecodingSession
 
     session = DecodingSession.__new__(DecodingSession)
-    session._cost_model, session._rounds = Recorder(), None
+    session._cost_model, session._sequence, session.finished = Recorder(), [], False
+    session.controller = ArmPolicyController(VanillaPolicy(), make_reward("accepted"))  # learns nothing later
     session._bookkeep(4, 0.050, 0.060, 100, False, 3, 0.030)
     assert session._cost_model.calls == [(5, 0.020, 100), (1, 0.010, 105)]
     session._cost_model.calls.clear()

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from banditspec_client.bench.report import markdown_table
 
@@ -68,8 +69,8 @@ def write_prompts(path: Path, workload: str, n: int) -> None:
             f.write(json.dumps({"text": prompt.text}) + "\n")
 
 
-def aiperf_command(args, policy: str, concurrency: int, prompts: Path, artifacts: Path) -> list[str]:
-    extra = {"temperature": 0}
+def aiperf_command(args: argparse.Namespace, policy: str, concurrency: int, prompts: Path, artifacts: Path) -> list[str]:
+    extra: dict[str, int | str] = {"temperature": 0}
     if policy != "default":
         extra["policy"] = policy
     return [
@@ -93,12 +94,12 @@ def aiperf_command(args, policy: str, concurrency: int, prompts: Path, artifacts
     ]
 
 
-def read_metrics(artifacts: Path) -> dict:
+def read_metrics(artifacts: Path) -> dict[str, Any]:
     found = sorted(artifacts.rglob("profile_export_aiperf.json"))
     if not found:
         raise FileNotFoundError(f"no profile_export_aiperf.json under {artifacts}")
     data = json.loads(found[-1].read_text())
-    out = {}
+    out: dict[str, Any] = {}
     for tag in METRICS:
         entry = data.get(tag)
         if isinstance(entry, dict):
@@ -110,11 +111,11 @@ def read_metrics(artifacts: Path) -> dict:
     return out
 
 
-def _fmt(value) -> str:
+def _fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def report(results: list[dict], meta: dict) -> str:
+def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# aiperf against the OpenAI API: default controller vs plain decoding",
         "",
@@ -133,7 +134,7 @@ def report(results: list[dict], meta: dict) -> str:
     rows = []
     for r in results:
         m = r["metrics"]
-        def g(tag, k, m=m):
+        def g(tag: str, k: str, m: dict[str, Any] = m) -> float | None:
             return (m.get(tag) or {}).get(k)
 
         rows.append([
@@ -180,7 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--machine", default="the project's 2-core CPU machine (shared), SmolLM2-135M reference engine")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.report_only:  # re-render README.md from results.json
         data = json.loads((args.out / "results.json").read_text())
         for r in data["results"]:  # re-read aiperf's exports where they are still there

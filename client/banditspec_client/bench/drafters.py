@@ -18,10 +18,14 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from banditspec_client.bench.report import text_header, text_row
+
+if TYPE_CHECKING:
+    from banditspec.drafters.base import Drafter
 
 WORKLOADS = ("code", "chat")
 COLUMNS = ("drafter", "workload", "context", "start ms", "mean us", "p99 us", "draft", "accepted")
@@ -47,14 +51,14 @@ def _workload_text(name: str) -> str:
     raise ValueError(f"unknown workload {name!r}; expected one of {WORKLOADS}")
 
 
-def _tokens(tokenizer, name: str, needed: int) -> list[int]:
+def _tokens(tokenizer: Any, name: str, needed: int) -> list[int]:
     ids = tokenizer(_workload_text(name), add_special_tokens=False)["input_ids"]
     while len(ids) < needed:
         ids = ids + ids
     return ids[:needed]
 
 
-def _measure(drafter, tokens: list[int], context: int, steps: int, max_len: int) -> dict:
+def _measure(drafter: Drafter, tokens: list[int], context: int, steps: int, max_len: int) -> dict[str, float]:
     t0 = time.perf_counter()
     session = drafter.start(tokens[:context])
     start_s = time.perf_counter() - t0
@@ -99,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
         for name in drafter_names:
             drafter = make_drafter(name, tokenizer=tokenizer, rest_datastore=args.rest_datastore)
             if name == "suffix":
+                from banditspec.drafters.suffix_tree import SuffixTreeDrafter
+
+                assert isinstance(drafter, SuffixTreeDrafter)
                 drafter.add_output(tokens[span:])
             for context in contexts:
                 r = _measure(drafter, tokens, context, args.steps, args.max_len)

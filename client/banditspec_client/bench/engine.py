@@ -30,10 +30,14 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from banditspec_client.bench.report import markdown_table, pyplot, save_png
+
+if TYPE_CHECKING:
+    from banditspec.engine.reference import ReferenceEngine
 
 DEFAULT_KS = "1,2,3,4,5,7,9"
 
@@ -52,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/engine"))
 
 
-def _engine(model_name: str, kernels: str, cache_entries: int = 8):
+def _engine(model_name: str, kernels: str, cache_entries: int = 8) -> ReferenceEngine:
     from banditspec.engine.models import load_model
     from banditspec.engine.reference import ReferenceEngine
 
@@ -60,7 +64,7 @@ def _engine(model_name: str, kernels: str, cache_entries: int = 8):
     return ReferenceEngine(model, max_context=2048, kernels=kernels, cache_entries=cache_entries)
 
 
-def _impl(engine) -> str:
+def _impl(engine: ReferenceEngine) -> str:
     """What an engine's kernels run on: "panel, avx512" / "panel, avx2" for the panel kernel."""
     if engine.kernel_impl != "panel":
         return engine.kernel_impl
@@ -69,7 +73,7 @@ def _impl(engine) -> str:
     return f"panel, {panel_kernel.describe()}"
 
 
-def _verify_once(engine, prefix: np.ndarray, k: int, rng: np.random.Generator) -> float:
+def _verify_once(engine: ReferenceEngine, prefix: np.ndarray, k: int, rng: np.random.Generator) -> float:
     from banditspec.engine.contract import VerifyRequest
 
     tail = rng.integers(100, 20000, size=k).astype(np.int32)  # 1 input token + k - 1 draft tokens
@@ -79,7 +83,7 @@ def _verify_once(engine, prefix: np.ndarray, k: int, rng: np.random.Generator) -
     return time.perf_counter() - start
 
 
-def decode_greedy(engine, prompt: np.ndarray, tokens: int) -> tuple[list[int], float]:
+def decode_greedy(engine: ReferenceEngine, prompt: np.ndarray, tokens: int) -> tuple[list[int], float]:
     """``tokens`` greedy tokens after ``prompt``, one verify call each from a cleared engine;
     (the tokens, seconds taken)."""
     from banditspec.engine.contract import VerifyRequest
@@ -93,7 +97,7 @@ def decode_greedy(engine, prompt: np.ndarray, tokens: int) -> tuple[list[int], f
     return sequence[len(prompt):], time.perf_counter() - start
 
 
-def _exact_in_blocks(engine, prompt: np.ndarray, greedy: list[int], block: int = 5) -> tuple[int, int]:
+def _exact_in_blocks(engine: ReferenceEngine, prompt: np.ndarray, greedy: list[int], block: int = 5) -> tuple[int, int]:
     """(positions where a 5-token verify's argmax equals one-token decoding, positions checked).
 
     The one-token greedy tokens are drafted 5 at a time; a verify accepts them up to the
@@ -115,7 +119,7 @@ def _exact_in_blocks(engine, prompt: np.ndarray, greedy: list[int], block: int =
     return agree, total
 
 
-def _bitwise_rows(engine, prompt: np.ndarray, greedy: list[int], block: int = 8) -> bool:
+def _bitwise_rows(engine: ReferenceEngine, prompt: np.ndarray, greedy: list[int], block: int = 8) -> bool:
     """Whether the hidden states (the LM head's input) of ``block`` tokens computed in one
     verify step are bitwise those of one-token decoding, and also inside a batch of two
     sequences with different cached lengths (ragged, left-padded)."""
@@ -124,12 +128,13 @@ def _bitwise_rows(engine, prompt: np.ndarray, greedy: list[int], block: int = 8)
     tokens = [int(t) for t in greedy[:block]]
     engine.clear()
     engine.verify([VerifyRequest(np.asarray(prompt, dtype=np.int32), np.zeros(0, np.int32))])
-    one = []
+    rows: list[np.ndarray] = []
     for i in range(block):
         sequence = np.asarray(list(prompt) + tokens[: i + 1], dtype=np.int32)
         (result,) = engine.verify([VerifyRequest(sequence, np.zeros(0, np.int32), hidden_from=len(sequence) - 1)])
-        one.append(result.hidden_states[:1])
-    one = np.concatenate(one)
+        assert result.hidden_states is not None  # asked for by hidden_from
+        rows.append(result.hidden_states[:1])
+    one = np.concatenate(rows)
     engine.clear()
     engine.verify([VerifyRequest(np.asarray(prompt, dtype=np.int32), np.zeros(0, np.int32))])
     start = len(prompt)
@@ -139,12 +144,13 @@ def _bitwise_rows(engine, prompt: np.ndarray, greedy: list[int], block: int = 8)
     other = VerifyRequest(np.asarray(list(prompt[: len(prompt) // 2]), dtype=np.int32), np.asarray(tokens[:3], np.int32))
     engine.verify([VerifyRequest(np.asarray(prompt, dtype=np.int32), np.zeros(0, np.int32))])
     batched, _ = engine.verify([request, other])
+    assert solo.hidden_states is not None and batched.hidden_states is not None  # asked for by hidden_from
     same_solo = solo.num_accepted == block - 1 and np.array_equal(solo.hidden_states[:block], one)
     same_batched = batched.num_accepted == block - 1 and np.array_equal(batched.hidden_states[:block], one)
     return bool(same_solo and same_batched)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
@@ -190,7 +196,7 @@ def run(args) -> int:
     return 0
 
 
-def _surface(engine, kernels: str, contexts: list[int], ks: list[int], args, rng: np.random.Generator) -> int:
+def _surface(engine: ReferenceEngine, kernels: str, contexts: list[int], ks: list[int], args: argparse.Namespace, rng: np.random.Generator) -> int:
     """verify(k) after each of ``contexts`` cached tokens; min over reps, the contexts and
     ks interleaved within every repetition (the machine's drift hits them alike: each
     prefix stays in the engine's prefix cache, one entry per context)."""

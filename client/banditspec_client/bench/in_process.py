@@ -14,10 +14,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
 from banditspec_client.bench.runner import RunSettings, split_available
 from banditspec_client.bench.workloads import Prompt
+
+if TYPE_CHECKING:
+    from banditspec.decoding.decoder import SpeculativeDecoder
+    from banditspec.drafters.base import Drafter
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +40,16 @@ class InProcessRunner:
         self.settings = settings
         self.engine = ReferenceEngine.from_name(settings.model, max_context=max_context)
         self.tokenizer = self.engine.tokenizer
-        self.shared_drafters: dict = {}
+        self.shared_drafters: dict[str, Drafter] = {}
         self.unavailable: dict[str, str] = {}  # drafter -> why it is not served
         for name in drafters:
             try:
                 self.shared_drafters.update(self._build([name]))
             except Exception as exc:  # e.g. the Eagle head is not trained/installed yet
                 self.unavailable[name] = f"{type(exc).__name__}: {exc}"
-        self._decoders: dict[str, object] = {}
+        self._decoders: dict[str, SpeculativeDecoder] = {}
 
-    def _build(self, names: Sequence[str]) -> dict:
+    def _build(self, names: Sequence[str]) -> dict[str, Drafter]:
         from banditspec.drafters.registry import build_drafters
 
         built = build_drafters(list(names), self.tokenizer, target_model=self.engine.model)
@@ -68,7 +73,7 @@ class InProcessRunner:
 
         return split_available(methods, unserved, self.adaptive_arms, "no drafter available")
 
-    def _decoder(self, method: Method):
+    def _decoder(self, method: Method) -> SpeculativeDecoder:
         from banditspec.decoding.decoder import SpeculativeDecoder
 
         if method.name not in self._decoders:

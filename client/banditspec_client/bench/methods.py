@@ -17,13 +17,14 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from banditspec.config import MAX_SPECULATION_LENGTH, REWARD_CHOICES
+from banditspec.bandits.registry import ADAPTIVE_POLICIES
+from banditspec.config import MAX_SPECULATION_LENGTH, REWARD_CHOICES, VANILLA_ARM, split_arm
+from banditspec.drafters.registry import ARM_DRAFTERS
 from banditspec.errors import BanditSpecValidationError
 
-FIXED_DRAFTERS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle", "copy")
-ADAPTIVE_POLICIES: tuple[str, ...] = ("costaware", "ucbspec", "exp3spec")
-DEFAULT_METHODS = "vanilla,pld,suffix,rest,eagle,copy,costaware,ucbspec,exp3spec"
-VANILLA = "vanilla"
+FIXED_DRAFTERS: tuple[str, ...] = ARM_DRAFTERS  # every arm the default may use: "best fixed" is over all of them
+VANILLA = VANILLA_ARM
+DEFAULT_METHODS = ",".join((VANILLA, *FIXED_DRAFTERS, *ADAPTIVE_POLICIES))
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def _parse_one(text: str, reward: str) -> list[Method]:
     if text == VANILLA:
         return [Method(VANILLA, VANILLA)]
     head, _, method_reward = text.partition(":")
-    policy, at, length = head.partition("@")
+    policy, length = split_arm(head)
+    at = "@" in head
     if policy in ADAPTIVE_POLICIES:
         if method_reward and method_reward not in REWARD_CHOICES:
             raise BanditSpecValidationError("methods", f"{text!r}: reward must be one of {REWARD_CHOICES}")
@@ -77,7 +79,7 @@ def _parse_one(text: str, reward: str) -> list[Method]:
         named = bool(method_reward) or reward == "both"
         limit = int(length) if at else None
         return [Method(f"{head}:{r}" if named else head, policy, "", r, limit) for r in rewards]
-    drafter, _, gamma = text.partition("@")
+    drafter, gamma = split_arm(text)
     if drafter not in FIXED_DRAFTERS or method_reward:
         raise BanditSpecValidationError(
             "methods",

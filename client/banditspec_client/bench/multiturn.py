@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from banditspec.engine.prefix_cache import common_prefix_length
 
@@ -150,7 +150,7 @@ class ConversationRunner:
         self.fronts = {}
         self.triton.close()
 
-    def available(self, methods: Sequence[Method]):
+    def available(self, methods: Sequence[Method]) -> tuple[list[Method], dict[str, str]]:
         return self.triton.available(methods)
 
     @property
@@ -211,7 +211,7 @@ WARMUP = Conversation("warm-up", ("Name three colours.", "And three more."))
 
 
 def run_conversations(runner: ConversationRunner, conversations: Sequence[Conversation], methods: Sequence[Method],
-                      max_tokens: int, progress=None) -> list[TurnRecord]:
+                      max_tokens: int, progress: Any = None) -> list[TurnRecord]:
     """Every method on every conversation, the method order rotated per conversation, after a
     warm-up conversation per method (first calls, the controller's cost calibration; not kept)."""
     for method in methods:

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="content-disjoint split of the prompts (banditspec_client/bench/splits.json)")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import torch
 
     from banditspec_client.bench.in_process import InProcessRunner

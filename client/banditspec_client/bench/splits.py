@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def _side(key: str) -> str:
     return "heldout" if hashlib.sha256((SALT + key).encode("utf-8")).digest()[0] % 2 else "tune"
 
 
-def content_turns(conversation) -> set[str]:
+def content_turns(conversation: Iterable[tuple[str, str]]) -> set[str]:
     """The substantial human turns of a conversation, stripped: the text that identifies it."""
     return {text.strip() for role, text in conversation if role == "human" and len(text.strip()) >= CONTENT_MIN_CHARS}
 

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from banditspec_server.supervisor import group_cpu_seconds
@@ -29,6 +29,11 @@ from banditspec_server.supervisor import group_cpu_seconds
 from banditspec_client.bench.methods import FIXED_DRAFTERS, Method, RunRecord, digest
 from banditspec_client.bench.runner import RunSettings, split_available
 from banditspec_client.bench.workloads import Prompt
+
+if TYPE_CHECKING:
+    from banditspec_server.serve import TritonServer
+
+    from banditspec_client.triton_client import RemoteResult
 
 CONTROLLER = "banditspec"
 PROBE_PROMPT = "Say hello."
@@ -76,9 +81,9 @@ class TritonRunner:
         self.model_for = {m.name: private_model_name(m) if m.needs_suffix_state else CONTROLLER for m in self.methods}
         self.served: list[str] = []  # drafters the server serves
         self.adaptive_arms: list[str] = []  # the adaptive methods' arm set
-        self._server = None
+        self._server: TritonServer | None = None
         self._workdir: Path | None = None
-        self._client = None
+        self._client: Any = None
 
     # -- server lifetime -------------------------------------------------------------
     def __enter__(self) -> TritonRunner:
@@ -94,15 +99,15 @@ class TritonRunner:
         }
         for name in copies:
             overrides[name] = {"target_model": self.settings.model, "max_concurrent_sequences": "2"}
-        self._server = TritonServer(
+        self._server = server = TritonServer(
             model=self.settings.model, http_port=0, grpc_port=0, metrics_port=0,
             overrides=overrides, log_path=self.log_path, source=source,
         )
         try:
-            self._server.__enter__()
+            server.__enter__()
             import tritonclient.grpc as grpcclient
 
-            self._client = grpcclient.InferenceServerClient(self._server.grpc_url)
+            self._client = grpcclient.InferenceServerClient(server.grpc_url)
             self.served = self._probe_drafters()
             self.adaptive_arms = [d for d in self.served if d in self.settings.adaptive_drafters]
         except BaseException:
@@ -110,7 +115,7 @@ class TritonRunner:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -125,7 +130,8 @@ class TritonRunner:
         self.__exit__()
 
     # -- requests --------------------------------------------------------------------
-    def _generate(self, model_name: str, text: str, method: Method, max_tokens: int, arms=None):
+    def _generate(self, model_name: str, text: str, method: Method, max_tokens: int,
+                  arms: Sequence[str] | None = None) -> RemoteResult:
         from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
         opts = GenerationOptions(
@@ -133,7 +139,7 @@ class TritonRunner:
             policy=method.policy, arms=arms,
             max_draft_len=method.draft_len(self.settings.max_draft_len), reward=method.reward,
         )
-        return generate_grpc(self._server.grpc_url, text, opts, model_name=model_name)
+        return generate_grpc(self.grpc_url, text, opts, model_name=model_name)
 
     def _probe_drafters(self) -> list[str]:
         """Drafters the server serves: a fixed-arm request for each must succeed."""
@@ -157,6 +163,7 @@ class TritonRunner:
 
     @property
     def grpc_url(self) -> str:
+        assert self._server is not None, "the runner's server is not started"
         return self._server.grpc_url
 
     def _flush(self) -> None:
@@ -181,6 +188,7 @@ class TritonRunner:
         return int(compute.get("ns", 0)) / 1e6, int(model.get("execution_count", 0))
 
     def run(self, prompt: Prompt, method: Method, max_tokens: int) -> RunRecord:
+        assert self._server is not None and self._server.process is not None, "the runner's server is not started"
         pgid = self._server.process.pid  # the server runs in its own session; its stubs too
         cpu_before = group_cpu_seconds(pgid)
         target_before = self._target_compute()

@@ -28,11 +28,15 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from banditspec.checks import is_int
 from banditspec.errors import BanditSpecValidationError
 
 from banditspec_client.bench.splits import check_split, load_splits
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 WORKLOADS: tuple[str, ...] = ("code", "code-edit", "chat", "mixed")
 MULTITURN = "multiturn"  # conversations (load_conversations), not a list of single prompts
@@ -219,7 +223,7 @@ def load_conversations(n: int | None = None, *, turns: int = MULTITURN_TURNS, se
     return items[:n]
 
 
-def load_prompts_file(path) -> list[Prompt]:
+def load_prompts_file(path: str | Path) -> list[Prompt]:
     """A user's own prompts: a JSONL file of ``{"kind": "...", "prompt": "..."}`` lines
     (kind optional, default "user"); each kind becomes a workload."""
     import json

@@ -46,7 +46,7 @@ def soak(model: str, requests: int, concurrency: int, *, seed: int = 0, sample_e
     return report
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     report = soak(args.model, args.requests, args.concurrency, seed=args.seed, sample_every_s=args.sample_every,
                   target_cache_entries=args.target_cache_entries, log_path=args.log_file)
     print(json.dumps(report.summary(), indent=1))

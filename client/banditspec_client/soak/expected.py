@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 
 def cut_at_stop(tokens: Sequence[int], stops: Sequence[Sequence[int]], max_tokens: int) -> list[int]:
@@ -32,14 +33,14 @@ def cut_at_stop(tokens: Sequence[int], stops: Sequence[Sequence[int]], max_token
 class VanillaReference:
     """Text of plain greedy decoding with the server's model, memoised; thread-safe."""
 
-    def __init__(self, model: str, max_context: int = 2048):
+    def __init__(self, model: str, max_context: int = 2048) -> None:
         from banditspec.engine.reference import ReferenceEngine
 
         self._engine = ReferenceEngine.from_name(model, max_context=max_context)
-        self._tokenizer = self._engine.tokenizer
+        self._tokenizer: Any = self._engine.tokenizer
         self._lock = threading.Lock()
         self._greedy: dict[tuple[str, int], list[int]] = {}
-        self._memo: dict[tuple, str] = {}
+        self._memo: dict[tuple[str, int, tuple[str, ...]], str] = {}
 
     def _plain_tokens(self, prompt: str, max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` greedy tokens, one target call each, stopping before EOS."""

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from banditspec_client.soak.processes import leftovers, server_processes
 from banditspec_client.soak.sampling import Sample
 from banditspec_client.soak.workload import DETERMINISTIC_POLICY
+
+if TYPE_CHECKING:
+    from banditspec_server.serve import TritonServer
 
 MB = 1024 * 1024
 
@@ -48,7 +52,7 @@ class SoakReport:
     def kv_capacity_tokens(self) -> float:
         return max((s.kv_capacity_tokens for s in self.samples), default=0.0)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         first, last = (self.samples[0], self.samples[-1]) if self.samples else (None, None)
         return {
             "requests": self.requests, "good": self.good, "cancelled": self.cancelled, "invalid": self.invalid,
@@ -88,8 +92,9 @@ def judge(report: SoakReport, acceptance: dict[tuple, list], rss_tolerance: floa
         report.failures.append(f"{last.active_sequences:.0f} sequences still active after the run")
 
 
-def check_stop(server, report: SoakReport) -> None:
+def check_stop(server: TritonServer, report: SoakReport) -> None:
     """Stop ``server`` and record stub processes or /dev/shm regions it left behind."""
+    assert server.process is not None  # started
     processes = server_processes(server.process.pid)
     server.stop()
     report.leftover_processes, report.leftover_shm = leftovers(processes)

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from banditspec_client.prometheus_text import scrape_metrics
 from banditspec_client.soak.expected import VanillaReference
-from banditspec_client.soak.processes import server_processes
+from banditspec_client.soak.processes import ProcessInfo, server_processes
 from banditspec_client.soak.report import SoakReport, judge
-from banditspec_client.soak.sampling import take_sample
+from banditspec_client.soak.sampling import Sample, take_sample
 from banditspec_client.soak.workload import DETERMINISTIC_POLICY, SoakCase
-from banditspec_client.triton_client import TritonError, generate_grpc, generate_http
+from banditspec_client.triton_client import RemoteResult, TritonError, generate_grpc, generate_http
+
+if TYPE_CHECKING:
+    from banditspec_server.serve import TritonServer
 
 
 class CaseRunner:
     """Sends cases to ``server`` and checks each answer against ``reference``; thread-safe."""
 
-    def __init__(self, server, reference: VanillaReference, report: SoakReport):
+    def __init__(self, server: TritonServer, reference: VanillaReference, report: SoakReport) -> None:
         self.server = server
         self.reference = reference
         self.report = report
@@ -39,7 +44,7 @@ class CaseRunner:
             with self.lock:
                 self.done += 1
 
-    def _call(self, case: SoakCase):
+    def _call(self, case: SoakCase) -> RemoteResult:
         if case.protocol == "http":
             return generate_http(self.server.http_url, case.prompt, case.options, timeout=300)
         return generate_grpc(self.server.grpc_url, case.prompt, case.options, cancel_after=case.cancel_after, timeout=300)
@@ -47,6 +52,7 @@ class CaseRunner:
     def _run_case(self, case: SoakCase) -> None:
         opts = case.options
         if case.kind == "invalid":
+            assert case.bad_field is not None  # every invalid case names its field
             try:
                 self._call(case)
             except TritonError as exc:
@@ -82,7 +88,7 @@ def _outcomes(metrics_port: int) -> dict[str, float]:
     return {labels.get("outcome", "?"): value for labels, value in series}
 
 
-def run_soak(server, cases: list[SoakCase], reference: VanillaReference, *, concurrency: int = 8,
+def run_soak(server: TritonServer, cases: list[SoakCase], reference: VanillaReference, *, concurrency: int = 8,
              sample_every_s: float = 2.0, rss_tolerance: float = 0.15, rss_slack_mb: float = 64.0) -> SoakReport:
     """Run ``cases`` against a started :class:`~banditspec_server.serve.TritonServer`
     (the caller stops it), sampling its process tree; returns the judged report."""
@@ -94,18 +100,20 @@ def run_soak(server, cases: list[SoakCase], reference: VanillaReference, *, conc
     for case in cases:  # references first: their cost must not look like server latency
         if case.kind != "invalid":
             reference.text(case.prompt, case.options.max_tokens, tuple(case.options.stop_words))
+    assert server.process is not None  # started by the caller
     server_pid = server.process.pid
     regions = {p.shm_region for p in server_processes(server_pid) if p.shm_region}
     before = _outcomes(server.metrics_port)  # the start-up's warm-up request is not the soak's
     started = time.monotonic()
 
-    def sample(processes=lambda: server_processes(server_pid), regions=regions):
+    def sample(processes: Callable[[], list[ProcessInfo]] = lambda: server_processes(server_pid),
+               regions: set[str] = regions) -> Sample:
         return take_sample(server.metrics_port, started, runner.done, processes, regions)
 
     report.samples.append(sample())
     stop = threading.Event()
 
-    def sampler():
+    def sampler() -> None:
         while not stop.wait(sample_every_s):
             report.samples.append(sample())
 

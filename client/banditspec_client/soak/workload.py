@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from banditspec_client.triton_client import GenerationOptions
 
@@ -19,7 +20,7 @@ PROMPTS = (
 GOOD_POLICIES = ("ucbspec", "exp3spec", "uniform", "vanilla", "fixed:pld", "fixed:suffix")
 DETERMINISTIC_POLICY = "fixed:pld"  # per-request drafter: its acceptance must repeat exactly
 # (options that a server must reject, the field its message must start with)
-INVALID_CASES = (
+INVALID_CASES: tuple[tuple[dict[str, Any], str], ...] = (
     (dict(max_tokens=0), "max_tokens"),
     (dict(policy="best"), "policy"),
     (dict(arms=["magic"]), "arms"),

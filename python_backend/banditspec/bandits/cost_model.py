@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -392,7 +392,7 @@ def _isotonic(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.array([mean for mean, count in zip(means, counts) for _ in range(count)])
 
 
-def _median(values) -> float:
+def _median(values: Iterable[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return float(ordered[mid]) if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
@@ -409,7 +409,7 @@ def _line(xs: Sequence[float], ys: Sequence[float], weights: Sequence[float] | N
     return my - b * mx, b
 
 
-def _fit_draft_cost(observations) -> tuple[float, float]:
+def _fit_draft_cost(observations: Sequence[tuple[int, float]]) -> tuple[float, float]:
     """(seconds per call, seconds per drafted token) through the median time of each
     number of tokens produced, weighted by how often it occurred; both >= 0."""
     groups: dict[int, list[float]] = {}

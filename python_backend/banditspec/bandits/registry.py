@@ -34,6 +34,8 @@ FIXED = "fixed"
 FIXED_PREFIX = FIXED + ":"
 POLICY_NAMES: tuple[str, ...] = ("ucbspec", "exp3spec", "uniform")  # index bandits (make_policy)
 POLICY_CHOICES: tuple[str, ...] = (COSTAWARE, VANILLA, *POLICY_NAMES)  # plus "fixed:<arm>"
+# the policies that learn which arm pays, per request (what the benchmarks compare against fixed arms)
+ADAPTIVE_POLICIES: tuple[str, ...] = (COSTAWARE, "ucbspec", "exp3spec")
 assert DEFAULT_POLICY in POLICY_CHOICES
 
 

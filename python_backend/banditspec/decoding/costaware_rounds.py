@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import (
@@ -42,22 +43,17 @@ from banditspec.drafters.base import Draft, Drafter, Preview
 OpenProposal = tuple[str, int, int, list[int], int]
 
 
-def is_costly(drafter: Drafter) -> bool:
-    """A drafter whose proposal costs a model call (Eagle, a draft engine): it proposes only
-    when chosen and learns from bandit feedback; the others propose every round."""
-    return bool(getattr(drafter, "needs_hidden_states", False) or getattr(drafter, "costly", False))
+class ProposalSource(Protocol):
+    """A request's drafters as a controller asks them (:class:`~banditspec.decoding.drafting.RequestDrafters`).
+    A drafter that fails in any of these is dropped from the request and answers None."""
 
+    def drafter(self, name: str) -> Drafter | None: ...
 
-def proposes_lazily(drafter: Drafter) -> bool:
-    """A cheap drafter whose lookup costs several times the others' (REST: a binary search
-    over a corpus of millions of tokens): it proposes only when its best possible utility
-    (its most favourable context) beats what the other cheap proposals already offer."""
-    return bool(getattr(drafter, "proposes_lazily", False))
+    def propose(self, name: str, max_len: int) -> Draft | None: ...
 
+    def preview(self, name: str) -> Preview | None: ...
 
-def previews(drafter: Drafter) -> bool:
-    """A costly drafter whose sessions offer ``preview()`` (drafters.base)."""
-    return bool(getattr(drafter, "previews", False))
+    def hint(self, name: str) -> float | None: ...
 
 
 # While a previewing drafter's outcomes at the position after the chosen length number
@@ -83,17 +79,17 @@ class CostAwareRounds:
         self._last_first: dict[str, tuple[int, bool | None]] = {}
 
     def choose(self, arms: Sequence[ArmSpec], available: list[int], limit: int, position: int,
-               drafter_of: Callable[[str], Drafter | None],
-               propose: Callable[[ArmSpec, int], Draft | None],
-               preview: Callable[[ArmSpec], Preview | None] | None = None,
-               hint: Callable[[ArmSpec], float | None] | None = None) -> tuple[int | None, Draft]:
+               drafters: ProposalSource) -> tuple[int | None, Draft]:
         """The round's (arm index, draft); (None, empty) = plain decoding. ``available``: the
         arms still served (a drafter that fails while proposing leaves it); ``position``:
-        where the draft's first token would go; ``propose(arm, gamma)``: a proposal, or None
-        when the drafter failed (and was dropped); ``preview(arm)``: a previewing drafter's
-        first token (None: none now, or it failed); ``hint(arm)``: a blind costly drafter's
-        chance of a first token accepted (None: no estimate)."""
+        where the draft's first token would go; ``drafters``: the request's drafters, asked
+        for a proposal, a previewing drafter's first token or a blind costly drafter's hint
+        (its chance of a first token accepted)."""
         controller = self.controller
+
+        def propose(arm: ArmSpec, max_len: int) -> Draft | None:
+            return drafters.propose(arm.drafter, max_len)
+
         if limit <= 0:
             return None, Draft()
         batch = self._cost_model.batch  # the other sequences' share of the step (None: alone)
@@ -104,17 +100,18 @@ class CostAwareRounds:
         draft_costs = self._cost_model.draft_costs()  # server-wide: (per call, per token)
         for index in list(available):
             arm = arms[index]
-            drafter = drafter_of(arm.drafter)
+            drafter = drafters.drafter(arm.drafter)
             if index not in available or drafter is None:
                 continue
             cap = min(arm.gamma, limit)
-            if is_costly(drafter):
+            traits = drafter.traits
+            if traits.drafts_when_chosen:
                 per_call, per_token = draft_costs.get(arm.drafter, (0.0, 0.0))  # untried: optimistic
                 candidate = Candidate(arm.drafter, cap, 0, True, per_call, per_token)
-                if preview is not None and previews(drafter):
+                if traits.previews:
                     previewing.append((index, replace(candidate, previewed=True)))
                     continue
-                chance = None if hint is None else hint(arm)
+                chance = drafters.hint(arm.drafter)
                 if index not in available:
                     continue  # its hint failed: the drafter was dropped
                 if chance is not None:
@@ -123,7 +120,7 @@ class CostAwareRounds:
                     candidate = replace(candidate, bucket=context_bucket(hint_level(chance)), first_hazard=chance)
                 costly.append(candidate)
                 continue
-            if proposes_lazily(drafter):
+            if traits.proposes_lazily:
                 lazy.append((index, cap))
                 continue
             draft = propose(arm, cap)
@@ -153,7 +150,7 @@ class CostAwareRounds:
         if floor is not None and candidates[: len(eager)] == eager:
             start = floor
         seen: dict[int, tuple[Preview, Candidate]] = {}  # arm index -> (preview, its candidate)
-        if previewing and preview is not None:
+        if previewing:
             # A preview costs a head call: asked only when the drafter, in its most favourable
             # context, could beat what the cheap proposals already offer.
             start = controller.best(candidates, limit, position, start, len(eager))
@@ -161,7 +158,7 @@ class CostAwareRounds:
             for index, candidate in previewing:
                 if index not in available or controller.utility_bound(candidate, limit, position) <= start.value:
                     continue
-                first = preview(arms[index])
+                first = drafters.preview(arms[index].drafter)
                 if first is None or first.declines or index not in available:
                     continue
                 last_hit = self._last_first.get(candidate.drafter, (0, None))[1]

@@ -6,7 +6,8 @@ per request."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import OBJECTIVES, SharedAcceptance
@@ -38,10 +39,10 @@ class SpeculativeDecoder:
         budget: SpeculationBudget | None = None,
         cost_model: CostModel | None = None,
         shared_acceptance: SharedAcceptance | None = None,
-        clock=time.perf_counter,
+        clock: Callable[[], float] = time.perf_counter,
         costaware_objective: str = "ratio",
         bookkeeping: str = "now",
-    ):
+    ) -> None:
         self.drafters = dict(drafters)
         self.vocab_size = vocab_size
         self.max_context = max_context
@@ -70,11 +71,11 @@ class SpeculativeDecoder:
         self.clock = clock
 
     @classmethod
-    def for_engine(cls, engine: Engine, drafters: Mapping[str, Drafter], **kwargs) -> SpeculativeDecoder:
+    def for_engine(cls, engine: Engine, drafters: Mapping[str, Drafter], **kwargs: Any) -> SpeculativeDecoder:
         usable = {
             name: d
             for name, d in drafters.items()
-            if engine.provides_hidden_states or not getattr(d, "needs_hidden_states", False)
+            if engine.provides_hidden_states or not d.traits.needs_hidden_states
         }
         return cls(
             drafters=usable,
@@ -98,8 +99,8 @@ class SpeculativeDecoder:
         EAGLE-3: decoder-layer outputs): what a decoding step asks the target for."""
         if not self.provides_hidden_states:
             return [], ()
-        readers = [self.drafters[n] for n in names if getattr(self.drafters[n], "needs_hidden_states", False)]
-        return readers, tuple(getattr(readers[0], "feature_layers", ())) if readers else ()
+        readers = [self.drafters[n] for n in names if self.drafters[n].traits.needs_hidden_states]
+        return readers, readers[0].traits.feature_layers if readers else ()
 
     def start(self, request: GenerationRequest) -> DecodingSession:
         validate_request(request, max_context=self.max_context, vocab_size=self.vocab_size, limits=self.limits)

@@ -31,7 +31,7 @@ class RequestDrafters:
         self._on_drop = on_drop
         self._sessions: dict[str, DraftSession] = {}
         self._worker: ProposeWorker | None = None  # created at the first proposal that needs it
-        self._inline = {name for name in self._drafters if getattr(self._drafters[name], "runs_inline", False)}
+        self._inline = {name for name in self._drafters if self._drafters[name].traits.runs_inline}
         for name in names:
             try:
                 self._sessions[name] = drafters[name].start(prompt)
@@ -42,8 +42,8 @@ class RequestDrafters:
         """The drafters still serving this request."""
         return list(self._sessions)
 
-    def drafter(self, name: str) -> Drafter:
-        return self._drafters[name]
+    def drafter(self, name: str) -> Drafter | None:
+        return self._drafters.get(name)
 
     def propose(self, name: str, max_len: int) -> Draft | None:
         """Up to ``max_len`` tokens from drafter ``name``; None when it failed and was dropped."""

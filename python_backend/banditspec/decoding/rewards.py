@@ -12,8 +12,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from banditspec.bandits.cost_model import CostModel
+
+
+class Reward(Protocol):
+    name: str
+
+    def __call__(self, accepted: int, step_seconds: float, tokens: int | None = None) -> float: ...
 
 
 class AcceptedLengthReward:
@@ -36,7 +43,7 @@ class ThroughputReward:
         return min(max(value, 0.0), float(self.max_draft_len + 1))
 
 
-def make_reward(name: str, cost_model: CostModel | None = None, max_draft_len: int = 16):
+def make_reward(name: str, cost_model: CostModel | None = None, max_draft_len: int = 16) -> Reward:
     if name == "throughput":
         return ThroughputReward(cost_model or CostModel(max_draft_len + 1), max_draft_len)
     return AcceptedLengthReward()

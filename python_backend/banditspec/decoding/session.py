@@ -12,8 +12,9 @@ A request owns everything it changes: its policy, its reward state, its drafter
 sessions (:class:`~banditspec.decoding.drafting.RequestDrafters`) and its trace. What is shared
 across requests (drafters, limits, engine facts, server-wide statistics) is the
 :class:`~banditspec.decoding.decoder.SpeculativeDecoder` that starts it (seen here through
-:class:`DecoderView`). The costaware controller's rounds live in
-:mod:`banditspec.decoding.costaware_rounds`; the result types in :mod:`banditspec.decoding.results`.
+:class:`DecoderView`). What chooses each step and learns from it is the session's one
+:class:`~banditspec.decoding.controllers.StepController`; the result types are in
+:mod:`banditspec.decoding.results`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ from typing import Protocol
 
 import numpy as np
 
-from banditspec.bandits.base import Policy
 from banditspec.bandits.cost_model import CostModel
 from banditspec.bandits.costaware import CostAwarePolicy, SharedAcceptance
-from banditspec.bandits.registry import COSTAWARE, ResolvedPolicy, build_policy
-from banditspec.config import VANILLA_ARM, ArmSpec, GenerationRequest
+from banditspec.bandits.registry import ResolvedPolicy, build_policy
+from banditspec.config import GenerationRequest
 from banditspec.decoding.bookkeeping import Bookkeeper
+from banditspec.decoding.controllers import (
+    ArmPolicyController,
+    Chosen,
+    CostAwareController,
+    Round,
+    StepController,
+    StepOutcome,
+)
 from banditspec.decoding.costaware_rounds import CostAwareRounds
 from banditspec.decoding.drafting import RequestDrafters
 from banditspec.decoding.results import (
@@ -43,7 +51,7 @@ from banditspec.decoding.results import (
     StepEvent,
 )
 from banditspec.decoding.rewards import make_reward
-from banditspec.drafters.base import Draft, Drafter, Preview, first_feature
+from banditspec.drafters.base import Drafter, first_feature
 from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
 from banditspec.gamma_controller.budget import SpeculationBudget
 
@@ -93,20 +101,24 @@ class DecodingSession:
             temperature=float(request.temperature),
         )
         # costaware chooses (drafter, gamma) itself; the others choose an arm index
-        self.controller: CostAwarePolicy | None = chosen if isinstance(chosen, CostAwarePolicy) else None
-        self.policy: Policy | None = None if isinstance(chosen, CostAwarePolicy) else chosen
-        self._rounds = None if self.controller is None else CostAwareRounds(self.controller, decoder.cost_model, decoder.clock)
-        self._reward = make_reward(request.reward, decoder.cost_model, request.max_draft_len)
+        self.controller: StepController
+        if isinstance(chosen, CostAwarePolicy):
+            rounds = CostAwareRounds(chosen, decoder.cost_model, decoder.clock)
+            self.controller = CostAwareController(chosen, decoder.cost_model, rounds)
+        else:
+            self.controller = ArmPolicyController(
+                chosen, make_reward(request.reward, decoder.cost_model, request.max_draft_len))
         self._verify_started = 0.0
         self._available = list(range(len(arms)))
         self.stats = SpeculationStats(seed=int(request.seed))
         self.finished = False
         self.finish_reason: str | None = None
-        # (arm index, draft length, draft cut short by max_tokens/context, start time)
-        self._pending: tuple[int | None, int, bool, float] | None = None
-        # The costaware controller's learning from the last step, when deferred (bookkeeping.py):
-        # (step index, gamma, verify seconds, step seconds, context, first step?), run by settle()
-        self._bookkeeper = decoder.bookkeeper if self._rounds is not None else None
+        # (the step's choice, draft length, start time)
+        self._pending: tuple[Chosen, int, float] | None = None
+        # The controller's learning from the last step, when deferred (bookkeeping.py):
+        # (step index, gamma, verify seconds, step seconds, context, first step?, extra tokens,
+        # seconds of the extra tokens' decoding), run by settle()
+        self._bookkeeper = decoder.bookkeeper if self.controller.learns_later else None
         self._unsettled: tuple[int, int, float, float, int, bool, int, float | None] | None = None
         self._settle_lock = threading.Lock()
         self._bookkeeping_error: Exception | None = None
@@ -120,7 +132,7 @@ class DecodingSession:
         if self._needs_hidden:
             # A head with a window on the prompt reads only its latest positions: the first
             # step asks for those states alone (and a cached prefix is reused up to them).
-            windows: list[int] = [w for d in hungry if (w := getattr(d, "prompt_window", None)) is not None]
+            windows: list[int] = [w for d in hungry if (w := d.traits.prompt_window) is not None]
             if len(windows) == len(hungry):
                 self._hidden_from = first_feature(len(self._prompt), max(windows))
 
@@ -134,26 +146,11 @@ class DecodingSession:
         room = self._decoder.max_context - len(self._sequence) - 1
         end_limit = max(0, min(remaining - 1, room))  # what the request's end allows
         limit = max(0, min(end_limit, self._decoder.budget.gamma_cap()))
-        arm_index, draft = None, Draft()
-        truncated = False
-        if self._rounds is not None:
-            arm_index, draft = self._rounds.choose(self.arms, self._available, limit, len(self._sequence),
-                                                   self._drafter_of, self._propose, self._preview, self._hint)
-        while self.policy is not None and self._available and limit > 0:
-            arm_index = self.policy.select(self._available)
-            arm = self.arms[arm_index]
-            if not arm.drafter:
-                break
-            # Cut short by the request's end (max_tokens/context) says little about the arm:
-            # no reward. Cut by the server-wide gamma cap, it is the arm as served: rewarded.
-            truncated = end_limit < arm.gamma
-            proposed = self._propose(arm, min(arm.gamma, limit))
-            if proposed is not None:
-                draft = proposed
-                break
-            arm_index, draft = None, Draft()  # the drafter failed and was dropped: choose again
+        chosen = self.controller.choose(Round(self.arms, self._available, limit, end_limit, len(self._sequence)),
+                                        self._drafters)
+        draft = chosen.draft
         gamma = len(draft)
-        self._pending = (arm_index, gamma, truncated, start)
+        self._pending = (chosen, gamma, start)
         hidden_from = -1
         if self._needs_hidden:
             hidden_from = self._hidden_from
@@ -183,7 +180,7 @@ class DecodingSession:
         # the target's cost, and the cost model learns the verify curve from this figure.
         verify_seconds = self._clock() - self._verify_started
         self._settled()  # the step before this one (normally done by the bookkeeper by now)
-        arm_index, gamma, truncated, start = self._pending
+        chosen, gamma, start = self._pending
         context = len(self._sequence)  # tokens before the round's (what the call attends to)
         first_step = not self.stats.steps
         self._pending = None
@@ -211,20 +208,12 @@ class DecodingSession:
         extra = max(0, len(output) - accepted - 1)
         decode_on = getattr(result, "decode_on_seconds", None) if extra else 0.0
         self._unsettled = (len(self.stats.arms), gamma, verify_seconds, elapsed, context, first_step, extra, decode_on)
-        if self._bookkeeper is not None and self._rounds is not None and not self.finished:
-            self._rounds.note_firsts(self._sequence)  # the next round's context, now; its learning, later
+        if self._bookkeeper is not None and not self.finished:
+            self.controller.note_firsts(self._sequence)  # the next round's context, now; its learning, later
         else:
             self._settled()
-        if self.controller is not None:
-            arm_name = f"{self.arms[arm_index].drafter}@{gamma}" if arm_index is not None and gamma else VANILLA_ARM
-        else:
-            arm_name = self.arms[arm_index].name if arm_index is not None else VANILLA_ARM
-        # A step whose draft was cut short by max_tokens/context says little about the arm;
-        # a drafter that proposes fewer tokens than it may (no match) is rewarded as it did.
-        # The first step's time includes the prefill: the throughput reward skips it.
-        if (self.policy is not None and arm_index is not None and not truncated
-                and not (first_step and self._reward.name == "throughput")):
-            self.policy.update(arm_index, self._reward(accepted, elapsed, len(output)))
+        arm_name = self.controller.arm_name(self.arms, chosen, gamma)
+        self.controller.learn(StepOutcome(chosen, gamma, accepted, len(output), elapsed, first_step))
         self.stats.arms.append(arm_name)
         self.stats.drafted.append(gamma)
         self.stats.accepted.append(accepted)
@@ -276,32 +265,12 @@ class DecodingSession:
                 if extra:
                     self._cost_model.observe(1, decode_on / extra, context + gamma + 1)
             self._cost_model.observe_overhead(max(0.0, elapsed - verify_seconds))
-        if self._rounds is not None:
-            self._rounds.score(self._sequence, final=self.finished)
-            self._cost_model.refresh()  # the refit (every few steps), here rather than in the next choice
-
-    def controller_stats(self) -> dict | None:
-        """The costaware controller's view (cost model, acceptance), for speculation_stats."""
-        if self.controller is None:
-            return None
-        return {"policy": COSTAWARE, "cost_model": self._cost_model.as_dict()}
+        self.controller.score(self._sequence, final=self.finished)
 
     def result(self) -> GenerationResult:
         return GenerationResult(list(self._generated), self.finish_reason or "", self.stats)
 
     # -- internals ---------------------------------------------------------------------
-    def _drafter_of(self, name: str) -> Drafter | None:
-        return self._decoder.drafters.get(name)
-
-    def _propose(self, arm: ArmSpec, max_len: int) -> Draft | None:
-        return self._drafters.propose(arm.drafter, max_len)
-
-    def _preview(self, arm: ArmSpec) -> Preview | None:
-        return self._drafters.preview(arm.drafter)
-
-    def _hint(self, arm: ArmSpec) -> float | None:
-        return self._drafters.hint(arm.drafter)
-
     def _drop_arms(self, drafter: str, reason: str) -> None:
         """``drafter`` failed (or is unavailable): its arms leave this request."""
         for i, arm in enumerate(self.arms):
@@ -354,7 +323,7 @@ class DecodingSession:
     def _finish(self, reason: str) -> None:
         self.finished = True
         self.finish_reason = reason
-        self.stats.controller = self.controller_stats()
+        self.stats.controller = self.controller.stats()
         self._drafters.close(finished=reason != FINISH_CANCELLED)
 
 

@@ -95,8 +95,45 @@ class PreviewingSession(DraftSession, Protocol):
         """The first token of the next proposal and the drafter's confidence (None: none now)."""
 
 
+@dataclass(frozen=True)
+class DrafterTraits:
+    """What the decoding loop and the costaware controller know about a drafter, declared by
+    the drafter (the defaults: a cheap text lookup proposed on the deadline thread).
+
+    costly: a proposal costs a model call (Eagle, a draft engine): the costaware controller
+        drafts with it only when it chooses it, and learns its time into the cost model.
+    proposes_lazily: cheap, but its lookup costs several times the others' (REST): it proposes
+        only when its most favourable context could beat what the others offer.
+    previews: its sessions offer ``preview()`` and the controller should ask for it.
+    needs_hidden_states: it reads the target's states (the loop asks the target for them).
+    runs_inline: bounded in-process work, no I/O that could hang: proposed on the request's
+        thread rather than the deadline thread (a late proposal still drops the arm).
+    prompt_window: it reads the target's states of only the prompt's latest positions
+        (None: the whole prompt).
+    feature_layers: the target states it reads (``VerifyRequest.hidden_layers``; (): the last).
+    """
+
+    costly: bool = False
+    proposes_lazily: bool = False
+    previews: bool = False
+    needs_hidden_states: bool = False
+    runs_inline: bool = False
+    prompt_window: int | None = None
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def drafts_when_chosen(self) -> bool:
+        """Proposes only when chosen (a model call, or the target's states, behind each proposal)."""
+        return self.costly or self.needs_hidden_states
+
+
+TEXT_LOOKUP = DrafterTraits(runs_inline=True)  # an in-memory lookup: proposed without the deadline thread
+
+
 class Drafter(Protocol):
-    name: str  # "pld", "suffix", "rest", "eagle"
+    name: str  # "pld", "suffix", "rest", "copy", "eagle", "draft"
+
+    traits: DrafterTraits
 
     def start(self, prompt_ids: Sequence[int]) -> DraftSession: ...
 

@@ -35,7 +35,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from banditspec.checks import is_int
-from banditspec.drafters.base import Draft, draft_of, empty_draft, validated_max_len, validated_tokens
+from banditspec.drafters.base import (
+    TEXT_LOOKUP,
+    Draft,
+    draft_of,
+    empty_draft,
+    validated_max_len,
+    validated_tokens,
+)
 from banditspec.errors import BanditSpecValidationError
 
 
@@ -45,7 +52,7 @@ class CopyPointerDrafter:
 
     ngram: how many of the context's last tokens re-anchor a broken copy."""
 
-    runs_inline = True  # an in-memory pointer: proposed without the deadline thread
+    traits = TEXT_LOOKUP  # a class attribute, not a field
 
     ngram: int = 2
     name: str = "copy"

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_A = TypeVar("_A")
+_R = TypeVar("_R")
+_Job = tuple[Callable[[Any], Any], Any, list[tuple[bool, Any]], threading.Event]
 
 
 class ProposeTimeout(Exception):
@@ -25,15 +31,15 @@ class ProposeWorker:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="banditspec-propose", daemon=True)
         self._thread.start()
 
-    def call(self, fn, arg, *, timeout: float):
+    def call(self, fn: Callable[[_A], _R], arg: _A, *, timeout: float) -> _R:
         """``fn(arg)`` on the worker thread; raises ProposeTimeout after ``timeout`` s,
         or what ``fn`` raised."""
         done = threading.Event()
-        box: list = []
+        box: list[tuple[bool, Any]] = []
         self._jobs.put((fn, arg, box, done))
         if not done.wait(timeout):
             self.stop()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from banditspec.drafters.base import Draft
+from banditspec.drafters.base import Draft, DrafterTraits
 from banditspec.engine.tensor_codec import InferFn
 
 
@@ -47,7 +47,7 @@ class DraftModelSession:
 
 class DraftModelDrafter:
     name = "draft"
-    costly = True  # a model call per proposal: the costaware controller drafts with it only when chosen
+    traits = DrafterTraits(costly=True)  # a model call per proposal, through BLS (the deadline thread)
 
     def __init__(self, infer: InferFn, *, model_name: str = "draft", end_id: int):
         self.infer = infer

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from banditspec.checks import is_int
-from banditspec.drafters.base import Draft, Preview, first_feature
+from banditspec.drafters.base import Draft, DrafterTraits, Preview, first_feature
 from banditspec.eagle import EAGLE1_WEIGHTS, EAGLE3_WEIGHTS, EAGLE_HEADS, check_eagle_head
 from banditspec.eagle.fast_step import FastEagleStep, KVBuffer
 from banditspec.eagle.head import EagleHead, load_head
@@ -122,12 +123,6 @@ class EagleDrafter:
     """
 
     name = "eagle"
-    needs_hidden_states = True  # the decoding loop then asks the target for its hidden states
-    # Proposed on the calling thread: bounded compute in this process (one small prefill, then
-    # at most gamma head steps), no I/O that could hang; the hand-off to the deadline thread
-    # cost ~2 ms a call on these VMs (a quarter of a proposal). A call slower than the
-    # deadline still drops the arm afterwards. (The remote head, through BLS, keeps the thread.)
-    runs_inline = True
 
     def __init__(self, head: EagleHead | Eagle3Head, embedding: torch.Tensor, stop_ids: Sequence[int] = (),
                  min_confidence: float = 0.0, int8: bool = False, prompt_window: int | None = None,
@@ -138,9 +133,7 @@ class EagleDrafter:
         for field, window in (("prompt_window", prompt_window), ("catchup_window", catchup_window)):
             if window is not None and not (is_int(window) and window >= 1):
                 raise BanditSpecValidationError(field, f"must be None or an int >= 1, got {window!r}")
-        self.prompt_window = prompt_window
         self.catchup_window = catchup_window
-        self.previews = bool(previews)  # read by banditspec.decoding.costaware_rounds
         self.min_confidence = float(min_confidence)
         cfg = head.config
         if embedding.ndim != 2 or tuple(embedding.shape) != (cfg.target_vocab_size, cfg.hidden_size):
@@ -172,12 +165,26 @@ class EagleDrafter:
         self.lm_rows = None if isinstance(head, Eagle3Head) else self.embedding[self.draft_vocab].contiguous()  # [K, H]
         self._lm_int8 = Int8Linear(self.lm_rows) if self.int8 and self.lm_rows is not None else None
         self.stop_ids = frozenset(int(t) for t in stop_ids)
-        # Which target states a step must return (VerifyRequest.hidden_layers): () = the last one
-        self.feature_layers: tuple[int, ...] = tuple(head.config.aux_layers) if isinstance(head, Eagle3Head) else ()
+        # Proposed on the calling thread (runs_inline): bounded compute in this process (one
+        # small prefill, then at most gamma head steps), no I/O that could hang, and the
+        # hand-off to the deadline thread would cost a good share of a proposal. A call slower
+        # than the deadline still drops the arm afterwards. (The remote head keeps the thread.)
+        # feature_layers: which target states a step must return; () = the last one.
+        self.traits = DrafterTraits(
+            costly=True, needs_hidden_states=True, runs_inline=True, previews=bool(previews), prompt_window=prompt_window,
+            feature_layers=tuple(head.config.aux_layers) if isinstance(head, Eagle3Head) else ())
         if probe is not None and probe.feature_size != self.feature_size:
             raise BanditSpecValidationError(
                 "first_token_probe", f"reads rows of {probe.feature_size}, the head's features have {self.feature_size}")
         self.probe = probe
+
+    @property
+    def prompt_window(self) -> int | None:
+        return self.traits.prompt_window
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.traits.feature_layers
 
     def step(self, embeddings: torch.Tensor, features: torch.Tensor, cache: KVBuffer) -> torch.Tensor:
         """Run the head over T pairs appended to ``cache`` (a session's, from ``new_cache``)."""
@@ -398,7 +405,7 @@ def head_feature_layers(weights: Path = DEFAULT_WEIGHTS) -> tuple[int, ...]:
     return tuple(int(a) for a in info["config"]["aux_layers"])
 
 
-def load_default_eagle_drafter(target_model, weights: Path = DEFAULT_WEIGHTS,
+def load_default_eagle_drafter(target_model: Any, weights: Path = DEFAULT_WEIGHTS,
                                min_confidence: float | None = None, int8: bool = DEFAULT_INT8,
                                prompt_window: int | None = DEFAULT_PROMPT_WINDOW,
                                previews: bool = DEFAULT_PREVIEWS, probe: bool = True,

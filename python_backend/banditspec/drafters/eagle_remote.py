@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from banditspec.drafters.base import Draft
+from banditspec.drafters.base import Draft, DrafterTraits
 from banditspec.eagle.probe import FirstTokenProbe
 from banditspec.engine.tensor_codec import InferFn
 
@@ -104,7 +104,6 @@ class RemoteEagleDrafter:
     """The ``eagle`` arm over BLS; ``infer(model, tensors, outputs)`` is the controller's BLS call."""
 
     name = "eagle"
-    needs_hidden_states = True
 
     def __init__(self, infer: InferFn, *, model_name: str = "eagle", feature_layers: Sequence[int] = (),
                  prompt_window: int | None = None, probe: FirstTokenProbe | None = None):
@@ -115,8 +114,8 @@ class RemoteEagleDrafter:
         probe: the served head's first-token probe (None: sessions give no hint)."""
         self.infer = infer
         self.model_name = model_name
-        self.feature_layers: tuple[int, ...] = tuple(int(a) for a in feature_layers)
-        self.prompt_window = prompt_window
+        self.traits = DrafterTraits(costly=True, needs_hidden_states=True, prompt_window=prompt_window,
+                                    feature_layers=tuple(int(a) for a in feature_layers))
         self.probe = probe
 
     def start(self, prompt_ids: Sequence[int]) -> RemoteEagleSession:

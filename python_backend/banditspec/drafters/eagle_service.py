@@ -56,7 +56,8 @@ EAGLE_INPUTS = ("sequence_id", "prompt_ids", "input_ids", "hidden_states", "max_
 
 def call_from_tensors(tensors: Mapping[str, np.ndarray]) -> EagleCall:
     """An :class:`EagleCall` from the model's input tensors (absent optional ones: defaults)."""
-    if tensors.get("sequence_id") is None:
+    sequence_id = scalar_input(tensors, "sequence_id", None, int)
+    if sequence_id is None:
         raise BanditSpecValidationError("sequence_id", "is required")
 
     def ids(name: str) -> np.ndarray | None:
@@ -64,7 +65,7 @@ def call_from_tensors(tensors: Mapping[str, np.ndarray]) -> EagleCall:
 
     hidden = tensors.get("hidden_states")
     return EagleCall(
-        sequence_id=scalar_input(tensors, "sequence_id", None, int),
+        sequence_id=sequence_id,
         prompt_ids=ids("prompt_ids"),
         new_tokens=ids("input_ids"),
         hidden_states=None if hidden is None else np.asarray(hidden, dtype=np.float32),

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from banditspec.checks import is_int
-from banditspec.drafters.base import Draft, draft_of, empty_draft, validated_max_len, validated_tokens
+from banditspec.drafters.base import (
+    TEXT_LOOKUP,
+    Draft,
+    draft_of,
+    empty_draft,
+    validated_max_len,
+    validated_tokens,
+)
 from banditspec.errors import BanditSpecValidationError
 
 
@@ -27,7 +34,7 @@ from banditspec.errors import BanditSpecValidationError
 class PromptLookupDrafter:
     """Stateless factory of :class:`PromptLookupSession` (safe to share between requests)."""
 
-    runs_inline = True  # an in-memory lookup: proposed without the deadline thread
+    traits = TEXT_LOOKUP  # a class attribute, not a field
 
     max_ngram: int = 3
     min_ngram: int = 1

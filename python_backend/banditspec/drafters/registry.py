@@ -21,14 +21,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from banditspec.drafters.base import Drafter
+from banditspec.drafters.base import Drafter, DrafterTraits
 from banditspec.errors import BanditSpecValidationError
 
-DRAFTER_NAMES: tuple[str, ...] = ("pld", "suffix", "rest", "copy")
+# The one list of drafters every other list derives from.
+DRAFTER_NAMES: tuple[str, ...] = ("pld", "suffix", "rest", "copy")  # non-parametric: text lookups
+EAGLE = "eagle"  # the Eagle head (in process, a Triton model, or a TensorRT-LLM engine)
+DRAFT_MODEL = "draft"  # a separate draft engine
+# every drafter the default controller may serve as an arm, in the order arms are listed
+ARM_DRAFTERS: tuple[str, ...] = ("pld", "suffix", "rest", EAGLE, "copy")
 log = logging.getLogger(__name__)
 
 
-def drafter_class(name: str) -> type:
+def drafter_class(name: str) -> type[Drafter]:
     """The class of non-parametric drafter ``name`` (one of :data:`DRAFTER_NAMES`)."""
     if name == "pld":
         from banditspec.drafters.pld import PromptLookupDrafter
@@ -112,10 +117,13 @@ def build_drafters(
         drafter: Drafter | None
         if extra is not None and name in extra.DRAFTER_NAMES:
             drafter = extra.make_drafter(name)
-        elif name == "eagle":
+            if not isinstance(getattr(drafter, "traits", None), DrafterTraits):
+                raise BanditSpecValidationError(
+                    "drafter_plugin", f"drafter {name!r} declares no traits (banditspec.drafters.base.DrafterTraits)")
+        elif name == EAGLE:
             drafter = _eagle(tokenizer, target_model, load_target_model, target_name, infer, eagle_model,
                              eagle_engine, eagle_head, eagle_probe)
-        elif name == "draft":
+        elif name == DRAFT_MODEL:
             drafter = _draft_engine(infer, draft_model_name, tokenizer) if infer is not None else None
         elif name == "rest":
             from banditspec.drafters.rest_datastore import default_datastore

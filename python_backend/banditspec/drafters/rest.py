@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from banditspec.checks import is_int
-from banditspec.drafters.base import Draft, draft_of, empty_draft, validated_max_len, validated_tokens
+from banditspec.drafters.base import Draft, DrafterTraits, draft_of, empty_draft, validated_max_len, validated_tokens
 from banditspec.drafters.rest_datastore import TokenDatastore, load_datastore
 from banditspec.errors import BanditSpecValidationError
 
@@ -30,11 +30,10 @@ from banditspec.errors import BanditSpecValidationError
 class RestDrafter:
     """Holds the datastore (read-only, shared by all sessions)."""
 
-    runs_inline = True  # an in-memory lookup: proposed without the deadline thread
-    # ~0.2 ms a lookup after a target forward (memory gone cold: the search 0.08, in C, and the
-    # continuation 0.1; warm 0.01 + 0.04), several times a PLD or suffix one: costaware asks
-    # it only when it could beat the other cheap proposals (costaware_rounds)
-    proposes_lazily = True
+    # an in-memory lookup, but a binary search over a large corpus whose memory has gone cold
+    # after a target forward: several times a PLD or suffix lookup, so costaware asks it only
+    # when it could beat the other cheap proposals
+    traits = DrafterTraits(runs_inline=True, proposes_lazily=True)
 
     name = "rest"
 

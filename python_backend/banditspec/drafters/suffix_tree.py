@@ -34,7 +34,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from banditspec.checks import is_int
-from banditspec.drafters.base import Draft, draft_of, empty_draft, validated_max_len, validated_tokens
+from banditspec.drafters.base import (
+    TEXT_LOOKUP,
+    Draft,
+    draft_of,
+    empty_draft,
+    validated_max_len,
+    validated_tokens,
+)
 from banditspec.errors import BanditSpecValidationError
 
 NO_NODE = -1
@@ -320,7 +327,7 @@ class SuffixTrie:
 class SuffixTreeDrafter:
     """Shared by all requests: the global trie of past outputs lives here (thread-safe)."""
 
-    runs_inline = True  # an in-memory lookup: proposed without the deadline thread
+    traits = TEXT_LOOKUP  # a class attribute, not a field
 
     max_depth: int = 64
     alpha: float = 2.0

@@ -17,14 +17,18 @@ The decoder layer follows EAGLE-1: no input layer norm before attention.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from banditspec.errors import BanditSpecValidationError
+
+_Head = TypeVar("_Head", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class EagleConfig:
         return self.hidden_size // self.num_heads
 
     @classmethod
-    def for_target(cls, target_config, draft_vocab_size: int) -> EagleConfig:
+    def for_target(cls, target_config: Any, draft_vocab_size: int) -> EagleConfig:
         """Copy the shape of a HF Llama config (its rope theta, heads, MLP width)."""
         rope = getattr(target_config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
@@ -142,7 +146,7 @@ class EagleHead(nn.Module):
         """u: [B, T, H] from embeddings E[x_{i+1}] and features f_i, both [B, T, H]."""
         return self.fc(torch.cat([self.embed_norm(embeddings), self.feature_norm(features)], dim=-1))
 
-    def qkv(self, u: torch.Tensor, positions: torch.Tensor):
+    def qkv(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, nh, T, d], k/v [B, nkv, T, d] (k rotated) for u [B, T, H] at int64 positions [T]."""
         c = self.config
         b, t, _ = u.shape
@@ -152,7 +156,7 @@ class EagleHead(nn.Module):
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention output [B, T, H]; k/v have nkv heads (grouped), mask bool [Tq, Tk] or None."""
         c = self.config
         group = c.num_heads // c.num_kv_heads
@@ -202,7 +206,8 @@ class EagleHead(nn.Module):
 
 
 # --- shared by the EAGLE-1 and EAGLE-3 heads ------------------------------------------------
-def extend_cache(past_k: torch.Tensor, past_v: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor):
+def extend_cache(past_k: torch.Tensor, past_v: torch.Tensor, k_new: torch.Tensor,
+                 v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(k, v, mask): the cache [1, nkv, P + T, d] with T new entries appended, and the causal
     mask [T, P + T] of the new queries (None for one query: it sees everything)."""
     past, t = past_k.shape[2], k_new.shape[2]
@@ -217,7 +222,7 @@ def empty_cache(kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.zeros(shape), torch.zeros(shape)
 
 
-def save_weights(head: nn.Module, path: Path, info: dict) -> None:
+def save_weights(head: nn.Module, path: Path, info: dict[str, Any]) -> None:
     """Weights as bf16 safetensors (draft_vocab as int32) + ``info`` JSON beside them."""
     from safetensors.torch import save_file
 
@@ -229,7 +234,7 @@ def save_weights(head: nn.Module, path: Path, info: dict) -> None:
     path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-def load_weights(path: Path, build, dtype: torch.dtype):
+def load_weights(path: Path, build: Callable[[dict[str, Any]], _Head], dtype: torch.dtype) -> _Head:
     """``build(config dict)`` -> a head, filled from ``save_weights``' files, in eval mode."""
     from safetensors.torch import load_file
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +77,7 @@ class Eagle3Config(EagleConfig):
         return len(self.aux_layers) * self.hidden_size
 
     @classmethod
-    def for_target(cls, target_config, draft_vocab_size: int,
+    def for_target(cls, target_config: Any, draft_vocab_size: int,
                    aux_layers: tuple[int, ...] | None = None) -> Eagle3Config:
         """Copy the shape of a HF Llama config; capture layers default to TensorRT-LLM's."""
         rope = getattr(target_config, "rope_parameters", None) or {}
@@ -154,7 +155,8 @@ class Eagle3Head(nn.Module):
         """g: [.., H] from the target's multi-layer features a: [.., k * H]."""
         return self.fc(features)
 
-    def qkv(self, embeddings: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+    def qkv(self, embeddings: torch.Tensor, hidden: torch.Tensor,
+            positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, nh, T, d], k/v [B, nkv, T, d] (k rotated) at int64 positions [T]."""
         c, m = self.config, self.midlayer
         b, t, _ = hidden.shape
@@ -165,7 +167,7 @@ class Eagle3Head(nn.Module):
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention output [B, T, H]; k/v have nkv heads (grouped), mask bool [Tq, Tk] or None."""
         c = self.config
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

@@ -23,8 +23,10 @@ Shapes (B = batch, T = new tokens, C = cached tokens, H = hidden, hd = head dim)
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -130,7 +132,7 @@ class _Layer:
     down: Linear  # intermediate -> H
 
 
-def make_linear(weight: torch.Tensor, kind: str):
+def make_linear(weight: torch.Tensor, kind: str) -> Linear:
     """The projection for one weight: "panel" (the panel kernel, exact across row counts),
     "onednn" (:class:`PackedLinear`) or "int8" (:class:`Int8Linear`)."""
     if kind == "panel":
@@ -155,10 +157,10 @@ class FastLlama:
     leave the model's weights as they are and add one packed copy (about the decoder's
     size again either way)."""
 
-    def __init__(self, model, *, linear_kind: str = "onednn"):
+    def __init__(self, model: Any, *, linear_kind: str = "onednn"):
         """linear_kind: see :func:`make_linear` ("int8" is not exact)."""
 
-        def linear(weight: torch.Tensor):
+        def linear(weight: torch.Tensor) -> Linear:
             return make_linear(weight, linear_kind)
 
         # "panel": attention on the same library's fixed-order kernel, so that every op of
@@ -201,9 +203,9 @@ class FastLlama:
                 if isinstance(fused.qkv, PackedLinear):
                     # The transformers model keeps working (Eagle tools read it) on the same memory.
                     fused.qkv.tie([attn.q_proj, attn.k_proj, attn.v_proj])
-                    fused.o.tie([attn.o_proj])
-                    fused.gate_up.tie([mlp.gate_proj, mlp.up_proj])
-                    fused.down.tie([mlp.down_proj])
+                    cast(PackedLinear, fused.o).tie([attn.o_proj])  # one linear_kind for all four
+                    cast(PackedLinear, fused.gate_up).tie([mlp.gate_proj, mlp.up_proj])
+                    cast(PackedLinear, fused.down).tie([mlp.down_proj])
                 self.layers.append(fused)
         self.num_layers = len(self.layers)
         # rows per pass of a long prefill on the panel kernels (see _chunked)
@@ -286,6 +288,7 @@ class FastLlama:
                 mask = mask & key_mask[:, None, None, :]
         new_layers: list[LayerKV] = []
         q_end, k_end = heads * hd, (heads + kv_heads) * hd
+        kernels = cast(ctypes.CDLL, self._kernels)  # loaded whenever key_range is set
         for index, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)
             qkv = layer.qkv(h)  # [B, T, (heads + 2 kv_heads) * hd]
@@ -303,7 +306,7 @@ class FastLlama:
                 k, v = k.contiguous(), v.contiguous()
             new_layers.append((k, v))
             if key_range is not None:
-                attn = attention(self._kernels, q, k, v, key_range[0], key_range[1], self.scale)
+                attn = attention(kernels, q, k, v, key_range[0], key_range[1], self.scale)
             else:
                 attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
                 attn = attn.transpose(1, 2).reshape(batch, fresh, heads * hd)

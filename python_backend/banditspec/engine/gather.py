@@ -34,7 +34,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -106,7 +106,7 @@ class VerifyGatherer:
         """Count the sequences in flight with ``active`` (the controller's exact count)."""
         self._active = active
 
-    def __getattr__(self, name: str):  # the inner engine's other facts (e.g. its counters)
+    def __getattr__(self, name: str) -> Any:  # the inner engine's other facts (e.g. its counters)
         return getattr(self.inner, name)
 
     def verify(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]:

@@ -20,6 +20,8 @@ positions, not this room.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
@@ -51,7 +53,7 @@ class KVBuffer:
             return previous
         buffer = cls(num_layers, kv_heads, head_dim, cached + fresh + GROWTH, dtype)
         if cached:
-            for layer, (k, v) in enumerate(prefix):
+            for layer, (k, v) in enumerate(cast("list[LayerKV]", prefix)):  # given whenever cached > 0
                 buffer.keys[layer][:, :, :cached].copy_(k)
                 buffer.values[layer][:, :, :cached].copy_(v)
         return buffer

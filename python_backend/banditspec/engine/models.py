@@ -13,8 +13,10 @@ import fcntl
 import importlib.util
 import json
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from banditspec.paths import cache_dir
 
@@ -25,7 +27,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAMES = ("smollm2", "tiny")
 
 # A small random Llama sharing SmolLM2's tokenizer (vocab 49152).
-TINY_CONFIG = dict(
+TINY_CONFIG: dict[str, Any] = dict(
     vocab_size=49152,
     hidden_size=64,
     intermediate_size=128,
@@ -55,7 +57,7 @@ def gguf_folder() -> Path:
 
 
 @contextmanager
-def _build_lock(name: str):
+def _build_lock(name: str) -> Iterator[None]:
     """Serialise builds of one model across processes (tests, server stubs)."""
     lock_path = cache_dir() / f".{name}.lock"
     with open(lock_path, "w") as fh:
@@ -124,7 +126,7 @@ def _build_tiny(out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def load_model(name: str):
+def load_model(name: str) -> tuple[Any, Any]:
     """(model, tokenizer): a LlamaForCausalLM in eval mode (fp32, CPU) and its tokenizer."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
@@ -136,11 +138,11 @@ def load_model(name: str):
     return model, tokenizer
 
 
-def load_tokenizer(name: str = "smollm2"):
+def load_tokenizer(name: str = "smollm2") -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir(name) if name == "tiny" else _tokenizer_dir())
 
 
-def describe(name: str) -> dict:
+def describe(name: str) -> dict[str, Any]:
     return json.loads((model_dir(name) / "config.json").read_text())

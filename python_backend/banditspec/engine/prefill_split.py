@@ -53,7 +53,8 @@ class ContinuationSplitter:
     def split(self, requests: Sequence[VerifyRequest]) -> list[list[int]]:
         """Indices of ``requests`` in groups to verify separately: continuations first,
         then new sequences; empty groups left out."""
-        continuing, fresh = [], []
+        continuing: list[int] = []
+        fresh: list[int] = []
         for i, request in enumerate(requests):
             (continuing if self.is_continuation(request) else fresh).append(i)
         return [group for group in (continuing, fresh) if group]

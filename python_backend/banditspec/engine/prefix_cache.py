@@ -63,7 +63,8 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
 
 def cache_layers(kv: DynamicCache) -> list[LayerKV]:
     """Per-layer (keys, values): float32 [batch, kv_heads, seq, head_dim] each."""
-    return [(layer.keys, layer.values) for layer in kv.layers]
+    # transformers types layers' keys/values as optional (and admits linear attention): these are filled attention layers
+    return [(layer.keys, layer.values) for layer in kv.layers]  # type: ignore[misc, union-attr]
 
 
 def cache_from_layers(layers: list[LayerKV]) -> DynamicCache:

@@ -40,6 +40,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -59,6 +60,9 @@ from banditspec.engine.sampling import (
     target_distribution,
 )
 from banditspec.errors import BanditSpecValidationError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 PAD_TOKEN = 0  # fed at right-padding positions; masked, its outputs discarded
 KERNELS = ("fast", "onednn", "transformers", "int8")
@@ -137,7 +141,7 @@ def validate_request(request: VerifyRequest, vocab_size: int, max_context: int,
     )
 
 
-def _token_ids(values, field: str, vocab_size: int) -> np.ndarray:
+def _token_ids(values: npt.ArrayLike | None, field: str, vocab_size: int) -> np.ndarray:
     """int32 [n] token ids, checked to be integers inside the vocabulary."""
     array = np.asarray(values if values is not None else [])
     if array.size == 0:
@@ -151,7 +155,7 @@ def _token_ids(values, field: str, vocab_size: int) -> np.ndarray:
     return array.astype(np.int32)
 
 
-def _draft_distribution(values, gamma: int, vocab_size: int) -> torch.Tensor:
+def _draft_distribution(values: npt.ArrayLike, gamma: int, vocab_size: int) -> torch.Tensor:
     """float64 [gamma, vocab] rows normalised to 1."""
     probs = np.asarray(values, dtype=np.float64)
     if probs.shape != (gamma, vocab_size):
@@ -218,7 +222,7 @@ class ReferenceEngine:
 
     def __init__(
         self,
-        model,
+        model: Any,
         *,
         max_context: int = 2048,
         cache_entries: int = 8,
@@ -257,7 +261,7 @@ class ReferenceEngine:
         self.cache = PrefixCache(cache_entries, cache_tokens_budget)
         keep_freed_memory()  # per-step K/V buffers reused, not page-faulted anew (engine/allocator.py)
         self.model = model.eval()
-        self.tokenizer = None
+        self.tokenizer: Any = None
         self.vocab_size: int = int(config.vocab_size)
         self.max_context = max_context
         eos = config.eos_token_id
@@ -295,7 +299,7 @@ class ReferenceEngine:
         self.padded_positions = 0
 
     @classmethod
-    def from_name(cls, name: str, **kwargs) -> ReferenceEngine:
+    def from_name(cls, name: str, **kwargs: Any) -> ReferenceEngine:
         """Engine over a named model of :func:`banditspec.engine.models.load_model` ("smollm2" | "tiny")."""
         from banditspec.engine.models import load_model
 
@@ -430,7 +434,7 @@ class ReferenceEngine:
                   captured: list[torch.Tensor]) -> Features:
         """A job's fresh states per kind, float32 [n_new, F]: () = ``last`` (post-norm), which
         every pass computes; and, when it asked for layers, their outputs concatenated in its order."""
-        features = {(): last}
+        features: Features = {(): last}
         kind = job.request.feature_kind
         if kind:
             features[kind] = torch.cat([captured[capture.index(a)] for a in kind], dim=-1)
@@ -457,7 +461,7 @@ class ReferenceEngine:
         for b, job in enumerate(jobs):
             if job.start == 0:
                 continue
-            for layer, (k, v) in enumerate(job.prefix.layers):
+            for layer, (k, v) in enumerate(cast("list[LayerKV]", job.prefix.layers)):  # a reused prefix has its layers
                 keys[layer][b, :, max_cached - job.start :] = k[0]
                 values[layer][b, :, max_cached - job.start :] = v[0]
         return list(zip(keys, values))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -28,6 +29,8 @@ Tensors = dict[str, np.ndarray]
 # (model name, input tensors, requested output names) -> output tensors; raises EngineError
 InferFn = Callable[[str, Tensors, Sequence[str]], Tensors]
 
+
+_T = TypeVar("_T")
 
 DRAFT_PAD = -1  # pads the draft rows of a call that verifies several sequences (ids are >= 0)
 
@@ -103,7 +106,7 @@ def _padded(rows: Sequence[np.ndarray], pad: int) -> np.ndarray:
     return out
 
 
-def scalar_input(tensors: Mapping[str, np.ndarray], name: str, default, dtype):
+def scalar_input(tensors: Mapping[str, np.ndarray], name: str, default: _T, dtype: Callable[[Any], _T]) -> _T:
     """``dtype`` of the one value of input ``name`` (``default`` when absent); an input with
     more than one value raises BanditSpecValidationError naming it."""
     value = tensors.get(name)
@@ -115,7 +118,7 @@ def scalar_input(tensors: Mapping[str, np.ndarray], name: str, default, dtype):
     return dtype(arr[0])
 
 
-def _row_values(tensors: Mapping[str, np.ndarray], name: str, rows: int, default, dtype) -> list:
+def _row_values(tensors: Mapping[str, np.ndarray], name: str, rows: int, default: _T, dtype: Callable[[Any], _T]) -> list[_T]:
     """One ``dtype`` value of input ``name`` per row (``default`` each when absent)."""
     if rows == 1:
         return [scalar_input(tensors, name, default, dtype)]
@@ -205,7 +208,7 @@ def decode_bad_words(tensors: Mapping[str, np.ndarray], n: int) -> list[tuple[tu
     return [from_word_list(array[i], where=f" (sequence {i})" if n > 1 else "") for i in range(n)]
 
 
-def _rows(value, name: str, n: int) -> np.ndarray:
+def _rows(value: np.ndarray | None, name: str, n: int) -> np.ndarray:
     """``value`` as ``n`` rows (absent or empty: ``n`` empty rows)."""
     if value is None or np.size(value) == 0:
         return np.zeros((n, 0), dtype=np.int32)
@@ -223,7 +226,7 @@ def decode_request(tensors: Mapping[str, np.ndarray]) -> VerifyRequest:
     return requests[0]
 
 
-def _layer_list(value) -> tuple[int, ...]:
+def _layer_list(value: np.ndarray | None) -> tuple[int, ...]:
     """``hidden_states_layers``: decoder-layer indices (any integer array, batch dim allowed)."""
     if value is None:
         return ()

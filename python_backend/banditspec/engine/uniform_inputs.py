@@ -10,15 +10,17 @@ same to the reference target (zero draft tokens) and the twelve share one pass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from banditspec.engine.tensor_codec import InferFn
+from banditspec.engine.tensor_codec import InferFn, Tensors
 
 
 def with_empty_drafts(infer: InferFn) -> InferFn:
     """``infer`` that always sends ``draft_input_ids`` (empty when there is no draft)."""
 
-    def call(model_name, tensors, output_names):
+    def call(model_name: str, tensors: Tensors, output_names: Sequence[str]) -> Tensors:
         if "draft_input_ids" not in tensors:
             rows = np.shape(tensors["input_ids"])[0] if np.ndim(tensors["input_ids"]) >= 2 else 1
             tensors = {**tensors, "draft_input_ids": np.zeros((rows, 0), dtype=np.int32)}

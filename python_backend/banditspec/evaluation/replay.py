@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
 from banditspec.bandits.cost_model import CostModel, calibration_plan
-from banditspec.drafters.base import Draft, Preview
+from banditspec.config import VANILLA_ARM, arm_drafter
+from banditspec.drafters.base import Draft, Drafter, DrafterTraits, Preview, PreviewingSession
 from banditspec.drafters.registry import DRAFTER_NAMES, drafter_class
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 
@@ -79,7 +81,7 @@ def record_proposals(trace: Trace, drafters: dict, max_len: int) -> Trace:
     return trace
 
 
-def record_costly_proposals(trace: Trace, name: str, drafter, features: np.ndarray, max_len: int) -> Trace:
+def record_costly_proposals(trace: Trace, name: str, drafter: Drafter, features: np.ndarray, max_len: int) -> Trace:
     """Fill ``trace.proposals[name]`` for a drafter that reads the target's states (Eagle).
 
     features: float32 [len(prompt) + len(target) - 1, F], the target's states at every
@@ -93,7 +95,7 @@ def record_costly_proposals(trace: Trace, name: str, drafter, features: np.ndarr
     session = drafter.start(trace.prompt_ids)
     proposals, previews = [], []
     for i, token in enumerate(trace.target):
-        seen = session.preview() if callable(getattr(session, "preview", None)) else None
+        seen = cast(PreviewingSession, session).preview() if callable(getattr(session, "preview", None)) else None
         previews.append(None if seen is None else [int(seen.token), float(seen.confidence), float(seen.cut_off)])
         proposals.append([int(t) for t in session.propose(max_len).token_ids])
         rows = features[:prompt] if i == 0 else features[prompt + i - 1 : prompt + i]
@@ -204,10 +206,11 @@ class ReplayDrafter:
                  *, costly: bool = False, draft_seconds: tuple[float, float] = (0.0, 0.0),
                  preview_seconds: float | None = None):
         self.name = name
-        self.costly = costly
-        self.proposes_lazily = name in DRAFTER_NAMES and bool(getattr(drafter_class(name), "proposes_lazily", False))
-        self.previews = (costly and preview_seconds is not None and bool(traces)
-                         and all(name in t.previews for t in traces))
+        served: DrafterTraits | None = drafter_class(name).traits if name in DRAFTER_NAMES else None
+        self.traits = DrafterTraits(
+            costly=costly,
+            proposes_lazily=served is not None and served.proposes_lazily,
+            previews=(costly and preview_seconds is not None and bool(traces) and all(name in t.previews for t in traces)))
         self._by_prompt = {_key(t.prompt_ids): t for t in traces}
         self._clock = clock
         self._propose_seconds = propose_seconds
@@ -227,7 +230,7 @@ class _ReplaySession:
         proposals = self._trace.proposals[drafter.name]
         tokens = proposals[self._position][:max_len] if self._position < len(proposals) else []
         seconds = drafter._propose_seconds
-        if drafter.costly:
+        if drafter.traits.costly:
             per_call, per_token = drafter._draft_seconds
             seconds += per_call + per_token * max(1, len(tokens))
         drafter._clock.advance(seconds)
@@ -239,12 +242,13 @@ class _ReplaySession:
         drafter = self._drafter
         recorded = self._trace.previews.get(drafter.name, [])
         drafter._clock.advance(drafter._preview_seconds)
-        if self._position >= len(recorded) or recorded[self._position] is None:
+        entry = recorded[self._position] if self._position < len(recorded) else None
+        if entry is None:
             return None
-        token, confidence, cut_off = recorded[self._position]
+        token, confidence, cut_off = entry
         return Preview(int(token), float(confidence), float(cut_off))
 
-    def observe(self, new_tokens, hidden_states=None) -> None:
+    def observe(self, new_tokens: Sequence[int], hidden_states: np.ndarray | None = None) -> None:
         self._position += len(new_tokens)
 
     def close(self, finished: bool) -> None:
@@ -312,7 +316,7 @@ def replay_policy(traces: Sequence[Trace], policy: str, arms: Sequence[str], pla
 
     clock = VirtualClock()
     engine = ReplayEngine(traces, platform, clock, eos_id=eos_id)
-    drafter_names = sorted({a.partition("@")[0] for a in arms if a != "vanilla"})
+    drafter_names = sorted({arm_drafter(a) for a in arms if a != VANILLA_ARM})
     drafters = {d: ReplayDrafter(d, traces, clock, costly=d in costly, draft_seconds=costly.get(d, (0.0, 0.0)),
                                  preview_seconds=preview_seconds.get(d))
                 for d in drafter_names}

@@ -11,6 +11,7 @@ lines; "0" = none).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from banditspec.engine.gather import VerifyGatherer
 from banditspec.metrics.hub import ServingMetrics
@@ -24,6 +25,10 @@ from banditspec.metrics.prometheus import (
 from banditspec.metrics.stats import ServingStats, StatsSnapshot, sample_engine
 from banditspec.serving.config import ParameterSource, ServingConfig
 from banditspec.serving.outcomes import OUTCOMES
+
+if TYPE_CHECKING:
+    from banditspec.metrics.target_kv import EngineTotalsMetrics
+    from banditspec.serving.controller import Controller
 
 __all__ = [
     "MetricFamilyFactory",
@@ -41,7 +46,7 @@ __all__ = [
 
 
 def build_serving_metrics(
-    controller,
+    controller: Controller,
     factory: MetricFamilyFactory | None,
     params: ParameterSource,
     *,
@@ -66,13 +71,13 @@ def build_serving_metrics(
             outcomes=OUTCOMES,
         )
     summary = SummaryLogger(stats, interval_s=interval, emit=log_line) if interval > 0 else None
-    target_kv = None
+    target_kv: EngineTotalsMetrics | None = None
     engine = getattr(controller, "engine", None)
-    if exporter is not None and getattr(engine, "tensorrtllm", False):  # KV-reuse figures come back
+    if exporter is not None and factory is not None and getattr(engine, "tensorrtllm", False):  # KV-reuse figures come back
         from banditspec.metrics.target_kv import TargetKvMetrics
 
         target_kv = TargetKvMetrics(factory, engine, model=model, version=version)
-    elif exporter is not None and isinstance(engine, VerifyGatherer):  # steps gathered into requests
+    elif exporter is not None and factory is not None and isinstance(engine, VerifyGatherer):  # steps gathered into requests
         from banditspec.metrics.target_kv import GatherMetrics
 
         target_kv = GatherMetrics(factory, engine, model=model, version=version)

@@ -5,10 +5,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from typing import TYPE_CHECKING
 
 from banditspec.metrics.logs import SummaryLogger
 from banditspec.metrics.prometheus import PrometheusMetrics
 from banditspec.metrics.stats import ServingStats
+
+if TYPE_CHECKING:
+    from banditspec.decoding.results import SpeculationStats, StepEvent
+    from banditspec.metrics.target_kv import EngineTotalsMetrics
+    from banditspec.serving.controller import Controller
 
 log = logging.getLogger("banditspec.metrics")
 
@@ -35,7 +41,7 @@ class ServingMetrics:
         stats: ServingStats | None = None,
         exporter: PrometheusMetrics | None = None,
         summary: SummaryLogger | None = None,
-        target_kv=None,
+        target_kv: EngineTotalsMetrics | None = None,
         export_interval_s: float | None = EXPORT_INTERVAL_S,
     ):
         """target_kv: a banditspec.metrics.target_kv.TargetKvMetrics (TensorRT-LLM target), or None."""
@@ -59,7 +65,7 @@ class ServingMetrics:
         """Steps go somewhere beyond the in-memory totals (Prometheus, the target's totals)."""
         return self.exporter is not None or self.target_kv is not None
 
-    def attach(self, controller) -> ServingMetrics:
+    def attach(self, controller: Controller) -> ServingMetrics:
         """Install this observer's methods as ``controller``'s hooks."""
         controller.on_step = self.on_step
         controller.on_active = self.on_active
@@ -72,7 +78,7 @@ class ServingMetrics:
         controller.on_final_response = self.flush
         return self
 
-    def on_step(self, event) -> None:
+    def on_step(self, event: StepEvent) -> None:
         """event: a banditspec.decoding.results.StepEvent."""
         emitted = len(event.new_token_ids)
         self.stats.record_step(event.arm, event.drafted, event.accepted, emitted)
@@ -117,7 +123,7 @@ class ServingMetrics:
         if self.exporter is not None:
             self.exporter.set_ready(True)
 
-    def on_request_done(self, outcome: str, speculation_stats=None) -> None:
+    def on_request_done(self, outcome: str, speculation_stats: SpeculationStats | None = None) -> None:
         """speculation_stats: the request's banditspec.decoding.results.SpeculationStats, or None."""
         dropped = speculation_stats.dropped_arms if speculation_stats is not None else {}
         failures = self.stats.record_request(outcome, dropped)

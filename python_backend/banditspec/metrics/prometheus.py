@@ -15,7 +15,7 @@ kept; :meth:`close` drops metrics before their families, as the Python backend r
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,16 +137,16 @@ TARGET_SPECS = (KV_CACHED_TOKENS, KV_CACHE_ENTRIES, KV_CACHE_CAPACITY, KV_EVICTI
 class _Registry:
     """Families by spec, metrics by (spec, label values); thread-safe."""
 
-    def __init__(self, factory: MetricFamilyFactory, specs, *, model: str, version: str, buckets: list[float]):
+    def __init__(self, factory: MetricFamilyFactory, specs: Iterable[MetricSpec], *, model: str, version: str, buckets: list[float]):
         if not model:
             raise BanditSpecValidationError("model", "the model name label must not be empty")
         self._base = {"model": model, "version": str(version)}
         self._buckets = buckets
         self._lock = threading.Lock()
         self._families = {spec.name: factory(spec.name, spec.description, spec.kind) for spec in specs}
-        self._metrics: dict[tuple, Any] = {}
+        self._metrics: dict[tuple[str, ...], Any] = {}
 
-    def metric(self, spec: MetricSpec, **labels: str):
+    def metric(self, spec: MetricSpec, **labels: str) -> Any:
         key = (spec.name, *(labels[name] for name in spec.labels))
         metric = self._metrics.get(key)
         if metric is None:
@@ -243,7 +243,7 @@ class PrometheusMetrics:
         with self._lock:
             self._registry.metric(READY).set(1 if ready else 0)
 
-    def set_cost_curve(self, verify_ms, context_ms_per_100=None) -> None:
+    def set_cost_curve(self, verify_ms: Sequence[float], context_ms_per_100: Sequence[float] | None = None) -> None:
         """verify_ms[k - 1]: the cost model's milliseconds for a round feeding k tokens;
         context_ms_per_100: (per round, per extra token) milliseconds per 100 context tokens."""
         with self._lock:
@@ -281,10 +281,10 @@ class TargetEngineMetrics:
         self._registry.close()
 
 
-def triton_family_factory(pb_utils) -> MetricFamilyFactory:
+def triton_family_factory(pb_utils: Any) -> MetricFamilyFactory:
     """The factory over the Python backend's ``pb_utils.MetricFamily``."""
 
-    def make(name: str, description: str, kind: str):
+    def make(name: str, description: str, kind: str) -> Any:
         return pb_utils.MetricFamily(name=name, description=description, kind=getattr(pb_utils.MetricFamily, kind))
 
     return make

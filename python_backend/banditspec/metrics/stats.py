@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from banditspec.config import arm_drafter
+
 FAILURE_DEADLINE = "deadline"  # the drafter did not answer within the per-step deadline
 FAILURE_ERROR = "error"  # the drafter raised (in start, propose or observe)
 FAILURE_KINDS = (FAILURE_DEADLINE, FAILURE_ERROR)
@@ -21,7 +23,7 @@ FAILURE_KINDS = (FAILURE_DEADLINE, FAILURE_ERROR)
 
 def drafter_of(arm: str) -> str:
     """``"pld@2"`` -> ``"pld"``; ``"pld"`` -> ``"pld"``."""
-    return arm.partition("@")[0]
+    return arm_drafter(arm)
 
 
 def failure_kind(reason: str) -> str:
@@ -150,7 +152,7 @@ class EngineCacheSample:
     forward_passes: int  # batched forward passes since start (a verify call runs one or more)
 
 
-def sample_engine(engine) -> EngineCacheSample:
+def sample_engine(engine: object) -> EngineCacheSample:
     """Read the cache counters of a ReferenceEngine-like object (absent ones read 0 / -1)."""
     cache = getattr(engine, "cache", None)
     cached = engine.cached_tokens() if hasattr(engine, "cached_tokens") else 0

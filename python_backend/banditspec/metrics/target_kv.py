@@ -14,6 +14,7 @@ sends its concurrent sequences' steps as one request (:mod:`banditspec.engine.ga
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 from banditspec.metrics.prometheus import COUNTER, MetricFamilyFactory, MetricSpec, _Registry
 
@@ -46,7 +47,7 @@ class EngineTotalsMetrics:
     """Counters fed from an engine's running totals, ``(spec, attribute)`` pairs (call
     :meth:`update` after steps)."""
 
-    def __init__(self, factory: MetricFamilyFactory, engine, totals, *, model: str = "banditspec", version: str = "1"):
+    def __init__(self, factory: MetricFamilyFactory, engine: object, totals: Iterable[tuple[MetricSpec, str]], *, model: str = "banditspec", version: str = "1"):
         self._engine = engine
         self._totals = tuple(totals)
         self._registry = _Registry(factory, tuple(spec for spec, _ in self._totals), model=model, version=version, buckets=[])
@@ -67,13 +68,13 @@ class EngineTotalsMetrics:
         self._registry.close()
 
 
-def TargetKvMetrics(factory: MetricFamilyFactory, engine, *, model: str = "banditspec", version: str = "1") -> EngineTotalsMetrics:
+def TargetKvMetrics(factory: MetricFamilyFactory, engine: object, *, model: str = "banditspec", version: str = "1") -> EngineTotalsMetrics:
     """A TensorRT-LLM target's KV-cache figures (a TensorEngine's totals)."""
     totals = ((KV_REUSED_BLOCKS, "kv_cache_reused_blocks"), (KV_NEW_BLOCKS, "kv_cache_alloc_new_blocks"), (VERIFY_CALLS, "verify_calls"))
     return EngineTotalsMetrics(factory, engine, totals, model=model, version=version)
 
 
-def GatherMetrics(factory: MetricFamilyFactory, gatherer, *, model: str = "banditspec", version: str = "1") -> EngineTotalsMetrics:
+def GatherMetrics(factory: MetricFamilyFactory, gatherer: object, *, model: str = "banditspec", version: str = "1") -> EngineTotalsMetrics:
     """A VerifyGatherer's requests and the sequence steps they carried."""
     totals = ((GATHERED_REQUESTS, "calls"), (GATHERED_SEQUENCES, "rows"))
     return EngineTotalsMetrics(factory, gatherer, totals, model=model, version=version)

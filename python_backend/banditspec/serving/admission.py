@@ -92,7 +92,7 @@ class Slot:
     def __enter__(self) -> Slot:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

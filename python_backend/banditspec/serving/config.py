@@ -19,8 +19,10 @@ from typing import Union
 from banditspec.bandits.registry import check_policy
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, REWARD_CHOICES, Limits
 from banditspec.decoding.bookkeeping import check_bookkeeping
+from banditspec.drafters.registry import DRAFTER_NAMES
 from banditspec.eagle import check_eagle_head
 from banditspec.errors import BanditSpecValidationError
+from banditspec.serving.admission import AdmissionLimits
 
 TARGET_KINDS = ("reference", "tensorrtllm")
 # The default admission queue holds this many waiting requests per sequence slot.
@@ -79,6 +81,30 @@ ParameterSource = Union["ServingConfig", Mapping[str, str]]
 
 
 @dataclass(frozen=True)
+class ServingDefaults:
+    """What a request that names none of these gets, and how many are served at once: the
+    ``banditspec`` model's parameters ``default_policy``, ``default_arms``,
+    ``default_max_draft_len``, ``default_reward``, ``chat_template``,
+    ``max_concurrent_sequences``, ``max_queue_size``, ``max_queue_wait_s``."""
+
+    policy: str = DEFAULT_POLICY
+    arms: tuple[str, ...] | None = None  # None = every arm the deployment serves
+    max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
+    reward: str = "accepted"
+    chat_template: bool = True
+    max_concurrent_sequences: int = 8
+    # Requests beyond max_concurrent_sequences wait (first come, first served) in a queue of
+    # max_queue_size (default QUEUE_PER_SEQUENCE x max_concurrent_sequences) for at most
+    # max_queue_wait_s; only a full queue or an expired wait is refused, with a retry-after
+    # (banditspec.serving.admission).
+    max_queue_size: int = 32
+    max_queue_wait_s: float = 60.0
+
+    def admission_limits(self) -> AdmissionLimits:
+        return AdmissionLimits(self.max_concurrent_sequences, self.max_queue_size, self.max_queue_wait_s)
+
+
+@dataclass(frozen=True)
 class ServingConfig:
     """The ``banditspec`` model's parameters (defaults: what a missing parameter means)."""
 
@@ -87,24 +113,14 @@ class ServingConfig:
     target_name: str = "target"  # the Triton model that verifies
     tokenizer_dir: str = ""  # "": the target checkpoint's tokenizer
     max_context: int = 2048
-    drafters: tuple[str, ...] = ("pld", "suffix", "rest", "copy")
+    drafters: tuple[str, ...] = DRAFTER_NAMES  # the in-process drafters; eagle comes with eagle_model
     eagle_model: str = ""  # the Triton model of the Eagle head; "": in this process
     eagle_head: str = ""  # the shipped head: "" (default) | eagle1 | eagle3; the eagle model's must match
     eagle_probe: bool = True  # the head's first-token probe as the controller's context (banditspec.eagle.probe)
     rest_datastore: Path | None = None  # None: the default datastore
     draft_name: str = "draft"  # the Triton model of a separate draft engine
     drafter_plugin: Path | None = None  # a file that adds drafters by name (tests only)
-    default_policy: str = DEFAULT_POLICY
-    default_arms: tuple[str, ...] | None = None  # None: every arm the deployment serves
-    default_max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
-    default_reward: str = "accepted"
-    chat_template: bool = True
-    max_concurrent_sequences: int = 8
-    # Requests beyond max_concurrent_sequences wait (first come, first served) in a queue of
-    # max_queue_size (default 4 x max_concurrent_sequences) for at most max_queue_wait_s;
-    # only a full queue or an expired wait is refused, with a retry-after (banditspec.serving.admission).
-    max_queue_size: int = 32
-    max_queue_wait_s: float = 60.0
+    defaults: ServingDefaults = ServingDefaults()
     limits: Limits = field(default_factory=lambda: Limits(max_prompt_tokens=1536))
     drafter_deadline_s: float = 0.5
     gamma_controller: str = "off"  # off | ucb | fixed:<K> (banditspec.gamma_controller.budgets)
@@ -138,22 +154,24 @@ class ServingConfig:
             target_name=p.text("target_name", "target"),
             tokenizer_dir=p.text("tokenizer_dir", ""),
             max_context=p.integer("max_context", 2048, low=1),
-            drafters=p.names("drafters", "pld,suffix,rest,copy"),
+            drafters=p.names("drafters", ",".join(DRAFTER_NAMES)),
             eagle_model=p.text("eagle_model", "").strip(),
             eagle_head=check_eagle_head(p.text("eagle_head", "")),
             eagle_probe=p.flag("eagle_probe", True),
             rest_datastore=None if datastore in ("", "default") else Path(datastore),
             draft_name=p.text("draft_name", "draft"),
             drafter_plugin=Path(plugin) if (plugin := p.text("drafter_plugin", "").strip()) else None,
-            default_policy=check_policy(p.text("default_policy", DEFAULT_POLICY), field="default_policy"),
-            default_arms=p.names("default_arms", "") or None,
-            default_max_draft_len=p.integer("default_max_draft_len", DEFAULT_MAX_DRAFT_LEN),
-            default_reward=default_reward,
-            chat_template=p.flag("chat_template", True),
-            max_concurrent_sequences=max_concurrent,
-            max_queue_size=p.integer("max_queue_size", 0, low=0) if p.text("max_queue_size", "").strip()
-            else QUEUE_PER_SEQUENCE * max_concurrent,  # "" or absent: the default
-            max_queue_wait_s=p.number("max_queue_wait_s", 60.0, low=0.001, unit=" of seconds"),
+            defaults=ServingDefaults(
+                policy=check_policy(p.text("default_policy", DEFAULT_POLICY), field="default_policy"),
+                arms=p.names("default_arms", "") or None,
+                max_draft_len=p.integer("default_max_draft_len", DEFAULT_MAX_DRAFT_LEN),
+                reward=default_reward,
+                chat_template=p.flag("chat_template", True),
+                max_concurrent_sequences=max_concurrent,
+                max_queue_size=p.integer("max_queue_size", 0, low=0) if p.text("max_queue_size", "").strip()
+                else QUEUE_PER_SEQUENCE * max_concurrent,  # "" or absent: the default
+                max_queue_wait_s=p.number("max_queue_wait_s", 60.0, low=0.001, unit=" of seconds"),
+            ),
             limits=Limits(
                 max_tokens=p.integer("max_tokens_limit", 1024),
                 max_prompt_tokens=p.integer("max_prompt_tokens", 1536),

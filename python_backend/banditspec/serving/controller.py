@@ -18,13 +18,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, GenerationRequest
+from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
-from banditspec.decoding.session import generate
+from banditspec.decoding.session import DecodingSession, generate
 from banditspec.engine.contract import Engine
 from banditspec.errors import BanditSpecValidationError, EngineError, retry_after_message
 from banditspec.serving import trtllm_compat
-from banditspec.serving.admission import AdmissionLimits, AdmissionQueue, AdmissionRefused, AdmissionSnapshot
+from banditspec.serving.admission import AdmissionQueue, AdmissionRefused, AdmissionSnapshot
+from banditspec.serving.config import ServingDefaults
 from banditspec.serving.outcomes import (  # how a request ended (Controller.on_request_done)
     OUTCOME_BUSY,
     OUTCOME_CANCELLED,
@@ -113,23 +114,6 @@ def _warm_up_policies(default: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(("vanilla", default)))
 
 
-@dataclass(frozen=True)
-class ServingDefaults:
-    """Defaults from config.pbtxt parameters."""
-
-    policy: str = DEFAULT_POLICY
-    arms: tuple[str, ...] | None = None  # None = every arm the deployment serves
-    max_draft_len: int = DEFAULT_MAX_DRAFT_LEN
-    reward: str = "accepted"
-    chat_template: bool = True
-    max_concurrent_sequences: int = 8
-    max_queue_size: int = 32  # requests waiting for a sequence slot beyond max_concurrent_sequences
-    max_queue_wait_s: float = 60.0  # the longest one waits before it is refused
-
-    def admission_limits(self) -> AdmissionLimits:
-        return AdmissionLimits(self.max_concurrent_sequences, self.max_queue_size, self.max_queue_wait_s)
-
-
 def _one(name: str, value: np.ndarray) -> Any:
     arr = np.asarray(value)
     if arr.size != 1:
@@ -165,7 +149,7 @@ class RequestInputs:
     chat_template: bool
     compat: trtllm_compat.Resolved
 
-    def generation_request(self, tokenizer) -> GenerationRequest:
+    def generation_request(self, tokenizer: Any) -> GenerationRequest:
         """The decoding request: the prompt and stop words tokenized (the token-level checks
         are :func:`banditspec.config.validate_request`'s, when the decoder starts it)."""
         return GenerationRequest(
@@ -254,8 +238,8 @@ def parse_inputs(
 class Controller:
     """Runs requests: parse, tokenize, decode step by step through ``engine``, stream text."""
 
-    def __init__(self, decoder: SpeculativeDecoder, engine: Engine, tokenizer, defaults: ServingDefaults,
-                 calibrate: Callable[[], None] | None = None):
+    def __init__(self, decoder: SpeculativeDecoder, engine: Engine, tokenizer: Any, defaults: ServingDefaults,
+                 calibrate: Callable[[], None] | None = None) -> None:
         """calibrate: times the target once, before the first request decodes (the cost
         model's verify curve: without it the controller starts from a prior slope and, choosing
         short drafts because of it, rarely observes the long ones that would correct it);
@@ -293,7 +277,7 @@ class Controller:
             self._active += delta
             self._notify(self.on_active, self._active)
 
-    def _notify(self, hook: Callable | None, *args) -> None:
+    def _notify(self, hook: Callable | None, *args: Any) -> None:
         if hook is None:
             return
         try:
@@ -309,7 +293,7 @@ class Controller:
         request, stream, _ = self._build(inputs)
         return request, stream
 
-    def _build(self, inputs: Mapping[str, np.ndarray | None]):
+    def _build(self, inputs: Mapping[str, np.ndarray | None]) -> tuple[GenerationRequest, bool, trtllm_compat.Resolved]:
         """(GenerationRequest, stream, trtllm_compat.Resolved) for a request's tensors."""
         parsed = parse_inputs(
             inputs,
@@ -413,7 +397,7 @@ class Controller:
             self.ready.set()
             self._notify(self.on_ready)
 
-    def _run(self, session, stream: bool, sink: ResponseSink, info: dict | None = None) -> str:
+    def _run(self, session: DecodingSession, stream: bool, sink: ResponseSink, info: dict | None = None) -> str:
         """Decode ``session`` to the end, streaming through ``sink``; returns the outcome."""
         detok = IncrementalDetokenizer(self.tokenizer)
         steps = generate(self.engine, session)

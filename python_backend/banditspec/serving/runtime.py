@@ -11,14 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from banditspec.bandits.cost_model import CALIBRATION_CONTEXTS, calibration_plan
-from banditspec.config import Limits
+from banditspec.config import VANILLA_ARM, Limits, arm_drafter
 from banditspec.decoding.decoder import SpeculativeDecoder
-from banditspec.drafters.registry import build_drafters
+from banditspec.drafters.registry import ARM_DRAFTERS, build_drafters
+from banditspec.engine.contract import Engine
 
-DEFAULT_ARMS: tuple[str, ...] = ("pld", "suffix", "rest", "eagle", "copy")
+DEFAULT_ARMS: tuple[str, ...] = ARM_DRAFTERS
 
 
-def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int = 9, reps: int = 3,
+def calibrate_cost_model(decoder: SpeculativeDecoder, engine: Engine, *, max_tokens: int = 9, reps: int = 3,
                          contexts: Sequence[int] = CALIBRATION_CONTEXTS, seed: int = 0) -> None:
     """Seed the decoder's cost model with ``reps`` timed verify calls of the engine per
     (context, k) of :func:`~banditspec.bandits.cost_model.calibration_plan`, so that the
@@ -71,7 +72,7 @@ def calibrate_cost_model(decoder: SpeculativeDecoder, engine, *, max_tokens: int
 
 @dataclass
 class LocalStack:
-    engine: object
+    engine: Engine
     decoder: SpeculativeDecoder
     tokenizer: object
     model_name: str
@@ -89,8 +90,8 @@ def load_local(
 
     engine = ReferenceEngine.from_name(model, max_context=max_context)
     tokenizer = engine.tokenizer
-    drafter_names = sorted({a.partition("@")[0] for a in arms if a != "vanilla"})
+    drafter_names = sorted({arm_drafter(a) for a in arms if a != VANILLA_ARM})
     drafters = build_drafters(drafter_names, tokenizer, target_model=engine.model)
-    decoder = SpeculativeDecoder.for_engine(engine, drafters, default_arms=[a for a in arms if a.partition("@")[0] in drafters], limits=limits)
+    decoder = SpeculativeDecoder.for_engine(engine, drafters, default_arms=[a for a in arms if arm_drafter(a) in drafters], limits=limits)
     calibrate_cost_model(decoder, engine)
     return LocalStack(engine, decoder, tokenizer, model)

@@ -5,7 +5,11 @@ Paths and models come only from there, never from a request."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from banditspec.decoding.decoder import SpeculativeDecoder
+from banditspec.drafters.base import Drafter
 from banditspec.drafters.registry import build_drafters
 from banditspec.engine.contract import Engine
 from banditspec.engine.gather import VerifyGatherer
@@ -13,10 +17,10 @@ from banditspec.engine.tensor_codec import InferFn, TensorEngine
 from banditspec.engine.uniform_inputs import with_empty_drafts
 from banditspec.gamma_controller import make_gamma_budget
 from banditspec.serving.config import ParameterSource, ServingConfig
-from banditspec.serving.controller import Controller, ServingDefaults
+from banditspec.serving.controller import Controller
 
 
-def load_serving_tokenizer(params: ParameterSource):
+def load_serving_tokenizer(params: ParameterSource) -> Any:
     """The serving tokenizer: ``tokenizer_dir``, else the ``target_model`` checkpoint's."""
     from transformers import AutoTokenizer
 
@@ -26,13 +30,13 @@ def load_serving_tokenizer(params: ParameterSource):
     return AutoTokenizer.from_pretrained(config.tokenizer_dir or model_dir(config.target_model))
 
 
-def _drafters(config: ServingConfig, tokenizer, infer: InferFn) -> dict:
+def _drafters(config: ServingConfig, tokenizer: Any, infer: InferFn) -> dict[str, Drafter]:
     """The served drafters by name (banditspec.drafters.registry). ``eagle`` drafts from the
     target's hidden states, which only the reference target returns; it runs in the
     ``eagle_model`` Triton model, or in this process when that parameter is empty; with a
     TensorRT-LLM target, ``eagle_model`` names a TensorRT-LLM Eagle engine."""
 
-    def load_target():  # the target checkpoint, for the in-process head's embedding / LM head
+    def load_target() -> Any:  # the target checkpoint, for the in-process head's embedding / LM head
         from banditspec.engine.models import load_model
 
         return load_model(config.target_model)[0]
@@ -78,22 +82,13 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
     decoder = SpeculativeDecoder.for_engine(
         engine,
         drafters,
-        default_arms=config.default_arms,
+        default_arms=config.defaults.arms,
         limits=config.limits,
         drafter_deadline_s=config.drafter_deadline_s,
         budget=budget,
         bookkeeping=config.bookkeeping,
     )
-    defaults = ServingDefaults(
-        policy=config.default_policy,
-        arms=None,
-        max_draft_len=config.default_max_draft_len,
-        reward=config.default_reward,
-        chat_template=config.chat_template,
-        max_concurrent_sequences=config.max_concurrent_sequences,
-        max_queue_size=config.max_queue_size,
-        max_queue_wait_s=config.max_queue_wait_s,
-    )
+    defaults = replace(config.defaults, arms=None)  # the decoder holds the default arms
     from banditspec.serving.runtime import calibrate_cost_model
 
     controller = Controller(decoder, served, tokenizer, defaults,

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, Protocol
 
 from banditspec.errors import model_down, parse_retry_after, retry_after_message
 from banditspec.text import render_chat, text_ids
@@ -49,7 +49,7 @@ class OpenAIError(Exception):
         self.retry_after = retry_after
 
 
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -113,11 +113,18 @@ class ChatRequest(_Common):
     parallel_tool_calls: bool | None = None
 
 
+class _MakeChunk(Protocol):
+    """A response chunk (or the whole non-streamed answer) in the endpoint's own shape."""
+
+    def __call__(self, text: str | None, finish: str | None, stats: dict[str, Any] | None, role: bool = False,
+                 usage_only: bool = False) -> dict[str, Any]: ...
+
+
 def _refuse(param: str, message: str) -> NoReturn:
     raise OpenAIError(400, f"{param}: {message}", param=param)
 
 
-def chat_prompt(tokenizer, messages: list[Message]) -> str:
+def chat_prompt(tokenizer: Any, messages: list[Message]) -> str:
     """The prompt text of a chat, rendered by the server's own renderer (``banditspec.text.render_chat``,
     which its single-turn prompts go through too): ``developer`` is a system turn, text parts are joined."""
     turns = [
@@ -131,7 +138,7 @@ def chat_prompt(tokenizer, messages: list[Message]) -> str:
         _refuse("messages", f"cannot be rendered with the model's chat template ({type(exc).__name__})")
 
 
-def common_inputs(req: _Common, facts: ModelFacts, prompt_tokens: int | None, default_max_tokens: int | None) -> dict:
+def common_inputs(req: _Common, facts: ModelFacts, prompt_tokens: int | None, default_max_tokens: int | None) -> dict[str, Any]:
     """The banditspec inputs for the fields both endpoints share; refusals name the field."""
     if req.n not in (None, 1):
         _refuse("n", f"only 1 is supported, got {req.n}")
@@ -147,7 +154,7 @@ def common_inputs(req: _Common, facts: ModelFacts, prompt_tokens: int | None, de
         if max_tokens is None:  # as much as fits: the server's limit, within the context
             room = facts.max_context - (prompt_tokens or 0)
             max_tokens = max(1, min(facts.max_tokens_limit, room))
-    inputs: dict = {
+    inputs: dict[str, Any] = {
         "max_tokens": max_tokens,
         "stream": req.stream,
         "temperature": 1.0 if req.temperature is None else float(req.temperature),  # OpenAI's default is 1
@@ -172,7 +179,7 @@ def common_inputs(req: _Common, facts: ModelFacts, prompt_tokens: int | None, de
     return inputs
 
 
-def _triton_error(exc: TritonError, prompt_param: str, input_names=frozenset(),
+def _triton_error(exc: TritonError, prompt_param: str, input_names: frozenset[str] = frozenset(),
                   retry_after: Callable[[], int] = lambda: DEFAULT_RETRY_AFTER_S) -> OpenAIError:
     """Triton's answer -> OpenAI's error. A gRPC stream carries the message without Triton's
     error code, so the status is read from the message: a retryable server-side condition ends
@@ -212,27 +219,27 @@ def _unreachable(exc: Exception, retry_after: Callable[[], int]) -> OpenAIError:
                        kind="server_busy", retry_after=seconds)
 
 
-def _usage(stats: dict | None) -> dict:
+def _usage(stats: dict[str, Any] | None) -> dict[str, int]:
     prompt = int((stats or {}).get("prompt_tokens") or 0)
     completion = int((stats or {}).get("generated_tokens") or 0)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _sse(payload: dict | str) -> bytes:
+def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", triton_model: str = "banditspec",
+def create_app(triton_url: str, *, tokenizer: Any, model_id: str = "banditspec", triton_model: str = "banditspec",
                retry_after: Callable[[], int] | None = None) -> FastAPI:
     """The app; ``tokenizer`` renders chat messages with the model's chat template and counts
     prompt tokens (the same tokenizer the controller uses); ``retry_after`` estimates the seconds
     until an unreachable server answers again (``banditspec serve``: its supervisor's restart time)."""
     wait = retry_after or (lambda: DEFAULT_RETRY_AFTER_S)
     backend = TritonBackend(triton_url, triton_model)
-    state: dict = {}
+    state: dict[str, ModelFacts] = {}
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await backend.close()
 
@@ -247,13 +254,13 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
         return state["facts"]
 
     @app.exception_handler(OpenAIError)
-    async def _openai_error(request: Request, exc: OpenAIError):
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
         return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status,
                             headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError):
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         param = ".".join(loc) or None
@@ -261,12 +268,12 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
         return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
 
     @app.get("/health")
-    async def health():
+    async def health() -> JSONResponse:
         ok = await backend.ready()
         return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
 
-    @app.get("/v1/models")
-    async def models():
+    @app.get("/v1/models", response_model=None)
+    async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "banditspec"}]}
 
     def check_model(name: str) -> None:
@@ -274,7 +281,7 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
             raise OpenAIError(404, f"The model '{name}' does not exist; this server serves '{model_id}'",
                               param="model", code="model_not_found")
 
-    async def start(inputs: dict, prompt_param: str):
+    async def start(inputs: dict[str, Any], prompt_param: str) -> tuple[Chunk, AsyncGenerator[Chunk, None]]:
         """First response of the request (errors become HTTP errors before any byte is sent)."""
         stream = backend.generate(inputs)
         try:
@@ -289,7 +296,7 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
             raise _unreachable(exc, wait) from None
         return first, stream
 
-    async def collect(first: Chunk, stream) -> tuple[str, dict | None]:
+    async def collect(first: Chunk, stream: AsyncGenerator[Chunk, None]) -> tuple[str, dict[str, Any] | None]:
         parts, chunk = [first.text], first
         try:
             while not chunk.final:
@@ -303,14 +310,15 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
             await stream.aclose()
         return "".join(parts), chunk.stats
 
-    def streamed(first: Chunk, stream, make_chunk, include_usage: bool):
-        async def body():
+    def streamed(first: Chunk, stream: AsyncGenerator[Chunk, None], make_chunk: _MakeChunk,
+                 include_usage: bool) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
             chunk = first
             try:
                 yield _sse(make_chunk(None, None, None, role=True))
                 while True:
                     if chunk.final:
-                        reason = FINISH_REASONS.get((chunk.stats or {}).get("finish_reason"), "stop")
+                        reason = FINISH_REASONS.get((chunk.stats or {}).get("finish_reason", "stop"), "stop")
                         yield _sse(make_chunk(chunk.text, reason, chunk.stats))
                         if include_usage:
                             yield _sse({**make_chunk(None, None, None, usage_only=True), "usage": _usage(chunk.stats)})
@@ -327,8 +335,8 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
 
         return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> dict[str, Any] | StreamingResponse:
         check_model(req.model)
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         if len(prompts) != 1:
@@ -345,7 +353,8 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         echo = prompt if req.echo else ""
 
-        def make_chunk(text, finish, stats, role=False, usage_only=False):
+        def make_chunk(text: str | None, finish: str | None, stats: dict[str, Any] | None, role: bool = False,
+                       usage_only: bool = False) -> dict[str, Any]:
             if role:  # completions have no role chunk: the echo (if any) goes first
                 text = echo
             choices = [] if usage_only else [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
@@ -357,12 +366,12 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
         if req.stream:
             return streamed(first, stream, make_chunk, bool(req.stream_options and req.stream_options.include_usage))
         text, stats = await collect(first, stream)
-        out = make_chunk(echo + text, FINISH_REASONS.get((stats or {}).get("finish_reason"), "stop"), stats)
+        out = make_chunk(echo + text, FINISH_REASONS.get((stats or {}).get("finish_reason", "stop"), "stop"), stats)
         out["usage"] = _usage(stats)
         return out
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatRequest):
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(req: ChatRequest) -> dict[str, Any] | StreamingResponse:
         check_model(req.model)
         if req.logprobs or req.top_logprobs:
             _refuse("logprobs", "log-probabilities are not supported")
@@ -376,7 +385,8 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
         first, stream = await start(inputs, "messages")
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-        def make_chunk(text, finish, stats, role=False, usage_only=False):
+        def make_chunk(text: str | None, finish: str | None, stats: dict[str, Any] | None, role: bool = False,
+                       usage_only: bool = False) -> dict[str, Any]:
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
             choices = [] if usage_only else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
             out = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model, "choices": choices}
@@ -396,7 +406,7 @@ def create_app(triton_url: str, *, tokenizer, model_id: str = "banditspec", trit
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
-                "finish_reason": FINISH_REASONS.get((stats or {}).get("finish_reason"), "stop"),
+                "finish_reason": FINISH_REASONS.get((stats or {}).get("finish_reason", "stop"), "stop"),
             }],
             "usage": _usage(stats),
             "speculation_stats": stats,

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -16,7 +17,7 @@ from banditspec_server.openai_api.app import create_app
 DEFAULT_PORT = 9000
 
 
-def load_tokenizer(model: str, tokenizer_dir: str = ""):
+def load_tokenizer(model: str, tokenizer_dir: str = "") -> Any:
     from banditspec.serving.setup import load_serving_tokenizer
 
     return load_serving_tokenizer({"target_model": model, "tokenizer_dir": tokenizer_dir})
@@ -25,9 +26,9 @@ def load_tokenizer(model: str, tokenizer_dir: str = ""):
 class OpenAIServer:
     """uvicorn serving the app in a background thread; ``stop()`` shuts it down."""
 
-    def __init__(self, triton_url: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, tokenizer=None,
+    def __init__(self, triton_url: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, tokenizer: Any = None,
                  model: str = "smollm2", tokenizer_dir: str = "", model_id: str = "banditspec",
-                 triton_model: str = "banditspec", retry_after: Callable[[], int] | None = None):
+                 triton_model: str = "banditspec", retry_after: Callable[[], int] | None = None) -> None:
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, tokenizer_dir)
         app = create_app(triton_url, tokenizer=tokenizer, model_id=model_id, triton_model=triton_model,
                          retry_after=retry_after)
@@ -60,7 +61,7 @@ class OpenAIServer:
     def __enter__(self) -> OpenAIServer:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -73,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-id", default="banditspec", help="the model name clients send and /v1/models lists")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
     app = create_app(args.triton_url, tokenizer=load_tokenizer(args.model, args.tokenizer_dir), model_id=args.model_id)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

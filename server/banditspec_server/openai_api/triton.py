@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
@@ -54,7 +55,7 @@ class TritonError(Exception):
 class Chunk:
     text: str
     final: bool
-    stats: dict | None = None
+    stats: dict[str, Any] | None = None
 
 
 @dataclass
@@ -63,8 +64,8 @@ class ModelFacts:
 
     max_tokens_limit: int = 1024
     max_context: int = 2048
-    extra: dict = field(default_factory=dict)
-    inputs: frozenset = frozenset()  # the model's input names
+    extra: dict[str, str] = field(default_factory=dict)
+    inputs: frozenset[str] = frozenset()  # the model's input names
 
 
 def _tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
@@ -73,7 +74,7 @@ def _tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
     return tensor
 
 
-def to_tensors(inputs: dict) -> list[grpcclient.InferInput]:
+def to_tensors(inputs: dict[str, Any]) -> list[grpcclient.InferInput]:
     """Python values -> [1, ...] Triton tensors with banditspec's dtypes."""
     out = []
     for name, value in inputs.items():
@@ -129,7 +130,7 @@ class TritonBackend:
         names = frozenset(i["name"] for i in config.get("input", []))
         return ModelFacts(number("max_tokens_limit", 1024), number("max_context", 2048), params, names)
 
-    async def generate(self, inputs: dict) -> AsyncIterator[Chunk]:
+    async def generate(self, inputs: dict[str, Any]) -> AsyncGenerator[Chunk, None]:
         """Responses of one request; raises TritonError for an error response."""
         request = {
             "model_name": self.model,
@@ -139,7 +140,7 @@ class TritonBackend:
             "enable_empty_final_response": True,
         }
 
-        async def one_request():
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
             yield request
 
         try:
@@ -163,7 +164,7 @@ class TritonBackend:
             responses.cancel()  # no-op after the final response; cancels the request otherwise
 
 
-async def _transport_errors(responses):
+async def _transport_errors(responses: AsyncIterable[Any]) -> AsyncIterator[Any]:
     """The stream's items; a broken connection (the server went away, or restarts) is a TritonError
     with its gRPC status (UNAVAILABLE, CANCELLED ...), not the grpc library's own exception."""
     iterator = responses.__aiter__()

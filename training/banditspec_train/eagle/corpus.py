@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import random
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from banditspec.errors import BanditSpecValidationError
 from banditspec.text import render_chat, text_ids
@@ -50,7 +52,7 @@ class TrainingSequence:
     kind: str  # "chat" | "code"
 
 
-def _chat_messages(conversation) -> list[dict]:
+def _chat_messages(conversation: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
     messages = []
     for role, text in conversation:
         if role not in ROLES:
@@ -61,14 +63,14 @@ def _chat_messages(conversation) -> list[dict]:
     return messages
 
 
-def system_prefix_len(tokenizer) -> int:
+def system_prefix_len(tokenizer: Any) -> int:
     """Tokens of the template's default system turn (identical in every chat: not trained on)."""
     probe = render_chat(tokenizer, [{"role": "user", "content": "x"}], reply=False)
     head = probe[: probe.index("<|im_start|>user")] if "<|im_start|>user" in probe else ""
     return len(text_ids(tokenizer, head))
 
 
-def _sequence(tokenizer, messages: list[dict], spec: CorpusSpec, prefix: int, kind: str) -> TrainingSequence | None:
+def _sequence(tokenizer: Any, messages: list[dict[str, str]], spec: CorpusSpec, prefix: int, kind: str) -> TrainingSequence | None:
     """A finished chat as one training sequence (cut to max_len; None when under min_len); the
     template's system turn (``prefix`` tokens) is not trained on."""
     ids = text_ids(tokenizer, render_chat(tokenizer, messages, reply=False))[: spec.max_len]
@@ -77,7 +79,7 @@ def _sequence(tokenizer, messages: list[dict], spec: CorpusSpec, prefix: int, ki
     return TrainingSequence(ids, loss_from=min(prefix, len(ids) - 2), kind=kind)
 
 
-def chat_sequences(tokenizer, spec: CorpusSpec) -> list[TrainingSequence]:
+def chat_sequences(tokenizer: Any, spec: CorpusSpec) -> list[TrainingSequence]:
     from banditspec.datasets import sharegpt_split
 
     conversations = [c for c in sharegpt_split("train") if c and c[0][0] == "human"]
@@ -108,7 +110,7 @@ def _code_windows(source: str, max_chars: int) -> list[str]:
     return windows
 
 
-def code_sequences(tokenizer, spec: CorpusSpec) -> list[TrainingSequence]:
+def code_sequences(tokenizer: Any, spec: CorpusSpec) -> list[TrainingSequence]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in stdlib.glob("*.py")) + sorted(stdlib.glob("*/*.py"))
     files = [p for p in files if "test" not in p.parts[-2:] and not p.name.startswith("test")]
@@ -135,12 +137,12 @@ def code_sequences(tokenizer, spec: CorpusSpec) -> list[TrainingSequence]:
     return out
 
 
-def build_corpus(tokenizer, spec: CorpusSpec) -> list[TrainingSequence]:
+def build_corpus(tokenizer: Any, spec: CorpusSpec) -> list[TrainingSequence]:
     """Chat then code sequences, deterministic for a given spec."""
     return chat_sequences(tokenizer, spec) + code_sequences(tokenizer, spec)
 
 
-def token_frequencies(tokenizer, seed: int, max_conversations: int = 6000) -> list[int]:
+def token_frequencies(tokenizer: Any, seed: int, max_conversations: int = 6000) -> list[int]:
     """Counts per target id (list of vocab size) over a larger slice of training text
     (ShareGPT train conversations + stdlib code), for choosing the draft vocabulary."""
     import numpy as np

@@ -12,7 +12,11 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from banditspec.errors import BanditSpecValidationError
@@ -41,14 +45,15 @@ def concat(sets: list[FeatureSet]) -> FeatureSet:
     )
 
 
-def cache_key(spec, model_name: str) -> str:
+def cache_key(spec: DistillSpec | CorpusSpec, model_name: str) -> str:
     fields = asdict(spec)
     if fields.get("part") == 0:  # part 0 keeps the key it had before parts existed: its caches stay valid
         del fields["part"]
     return hashlib.sha256(json.dumps([model_name, type(spec).__name__, fields]).encode()).hexdigest()[:12]
 
 
-def _cached(name: str, spec, model_name: str, build) -> FeatureSet:
+def _cached(name: str, spec: DistillSpec | CorpusSpec, model_name: str,
+            build: Callable[[Path], FeatureSet]) -> FeatureSet:
     key = cache_key(spec, model_name)
     folder = cache_dir() / f"eagle-{name}-{model_name}-{key}"
     cached = load_features(folder)
@@ -62,7 +67,7 @@ def _cached(name: str, spec, model_name: str, build) -> FeatureSet:
     return fs
 
 
-def training_parts(model, tokenizer, model_name: str, distill_spec: DistillSpec,
+def training_parts(model: Any, tokenizer: Any, model_name: str, distill_spec: DistillSpec,
                    text_spec: CorpusSpec, progress: bool = True, workers: int = 1,
                    parts: int = 1) -> tuple[FeatureSet | None, FeatureSet | None, FeatureSet | None]:
     """(self-distilled answers of ``distill_spec``'s part, those of the ``parts - 1`` parts after
@@ -78,8 +83,8 @@ def training_parts(model, tokenizer, model_name: str, distill_spec: DistillSpec,
         for k in range(distill_spec.part, distill_spec.part + parts):
             spec = replace(distill_spec, part=k)
             answered.append(_cached("distill", spec, model_name,
-                                    lambda shards, spec=spec: distill(model, tokenizer, spec, shards, progress,
-                                                                      workers=workers, model_name=model_name)))
+                                    partial(distill, model, tokenizer, spec, progress=progress,
+                                            workers=workers, model_name=model_name)))
         distilled, more = answered[0], (concat(answered[1:]) if len(answered) > 1 else None)
     if text_spec.chat_tokens + text_spec.code_tokens > 0:
         text = _cached("text", text_spec, model_name, lambda shards: extract_features(
@@ -90,7 +95,7 @@ def training_parts(model, tokenizer, model_name: str, distill_spec: DistillSpec,
     return distilled, more, text
 
 
-def training_data(model, tokenizer, model_name: str, distill_spec: DistillSpec,
+def training_data(model: Any, tokenizer: Any, model_name: str, distill_spec: DistillSpec,
                   text_spec: CorpusSpec, progress: bool = True, workers: int = 1, parts: int = 1) -> FeatureSet:
     """Every part of :func:`training_parts` in one set."""
     return concat([p for p in training_parts(model, tokenizer, model_name, distill_spec, text_spec,

@@ -11,9 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from banditspec.drafters.base import Drafter
+    from transformers import DynamicCache
 
 
 @dataclass
@@ -30,7 +35,7 @@ class LoopStats:
         return float(np.mean(self.accepted) + 1) if self.accepted else 0.0
 
 
-def _crop_to(cache, keep: int) -> None:
+def _crop_to(cache: DynamicCache, keep: int) -> None:
     """Keep the first ``keep`` positions (transformers 5.24's crop takes minus the count to drop)."""
     drop = cache.get_seq_length() - keep
     if drop > 0:
@@ -38,7 +43,7 @@ def _crop_to(cache, keep: int) -> None:
 
 
 @torch.inference_mode()
-def _drafter_features(output, layers: tuple[int, ...]) -> torch.Tensor:
+def _drafter_features(output: Any, layers: tuple[int, ...]) -> torch.Tensor:
     """[T, F]: the last post-norm states (EAGLE-1), or decoder layers' outputs (EAGLE-3)."""
     if not layers:
         return output.last_hidden_state[0].detach()
@@ -46,16 +51,16 @@ def _drafter_features(output, layers: tuple[int, ...]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def target_features(model, ids: Sequence[int], drafter) -> np.ndarray:
+def target_features(model: Any, ids: Sequence[int], drafter: Drafter) -> np.ndarray:
     """float32 [len(ids), F]: what the target returns to ``drafter`` for every position of
     ``ids`` (one forward; the drafter's ``feature_layers``, () = the last post-norm state)."""
-    layers = tuple(getattr(drafter, "feature_layers", ()))
+    layers = drafter.traits.feature_layers
     output = model.model(input_ids=torch.tensor([list(ids)]), output_hidden_states=bool(layers))
     return _drafter_features(output, layers).numpy()
 
 
 @torch.inference_mode()
-def greedy_speculative(model, drafter, prompt_ids: Sequence[int], gamma: int,
+def greedy_speculative(model: Any, drafter: Drafter, prompt_ids: Sequence[int], gamma: int,
                        max_new_tokens: int, eos_id: int | None) -> LoopStats:
     """Greedy decoding of ``max_new_tokens`` with ``drafter`` proposing up to ``gamma`` tokens."""
     from transformers import DynamicCache
@@ -64,7 +69,7 @@ def greedy_speculative(model, drafter, prompt_ids: Sequence[int], gamma: int,
     cache = DynamicCache()
     ids = torch.tensor([list(prompt_ids)])
     t0 = time.perf_counter()
-    layers = tuple(getattr(drafter, "feature_layers", ()))
+    layers = drafter.traits.feature_layers
     output = model.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(layers))
     hidden = output.last_hidden_state[0]
     token = int(model.lm_head(hidden[-1]).argmax())
@@ -104,7 +109,7 @@ def greedy_speculative(model, drafter, prompt_ids: Sequence[int], gamma: int,
 
 
 @torch.inference_mode()
-def step_costs(model, drafter, prompt_ids: Sequence[int], repeats: int = 20) -> dict:
+def step_costs(model: Any, drafter: Drafter, prompt_ids: Sequence[int], repeats: int = 20) -> dict[str, float]:
     """Median seconds of one target decode step and of one draft step at the same context.
 
     target: one token through the target with a KV cache of the prompt (LM head included).
@@ -116,7 +121,7 @@ def step_costs(model, drafter, prompt_ids: Sequence[int], repeats: int = 20) -> 
 
     cache = DynamicCache()
     ids = torch.tensor([list(prompt_ids)])
-    layers = tuple(getattr(drafter, "feature_layers", ()))
+    layers = drafter.traits.feature_layers
     output = model.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(layers))
     hidden = output.last_hidden_state[0]
     token = int(model.lm_head(hidden[-1]).argmax())
@@ -144,7 +149,7 @@ def step_costs(model, drafter, prompt_ids: Sequence[int], repeats: int = 20) -> 
 
 
 @torch.inference_mode()
-def simulate_acceptance(drafter, prompt_ids: Sequence[int], continuation: Sequence[int],
+def simulate_acceptance(drafter: Drafter, prompt_ids: Sequence[int], continuation: Sequence[int],
                         hidden: np.ndarray, gamma: int) -> LoopStats:
     """Replay a known greedy continuation step by step without calling the target.
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from banditspec.eagle.head3 import Eagle3Head
 
 
-def export_upstream(head: Eagle3Head, target_config, out_dir: Path) -> Path:
+def export_upstream(head: Eagle3Head, target_config: Any, out_dir: Path) -> Path:
     """Write the head as an upstream-style EAGLE-3 checkpoint folder (model.safetensors +
     config.json): tensors ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``,
     ``d2t`` (int64 [K], target id = d + d2t[d]) and ``t2d`` (bool [V]); config keys of a

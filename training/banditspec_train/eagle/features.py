@@ -14,8 +14,10 @@ a folder of .npy files:
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +41,7 @@ class FeatureSet:
         a, b = int(self.offsets[s]), int(self.offsets[s + 1])
         return self.tokens[a:b], self.features[a:b]
 
-    def subset(self, indices) -> FeatureSet:
+    def subset(self, indices: Sequence[int]) -> FeatureSet:
         parts = [self.sequence(int(s)) for s in indices]
         lengths = [len(t) for t, _ in parts]
         return FeatureSet(
@@ -70,7 +72,7 @@ def load_features(folder: Path) -> FeatureSet | None:
     return FeatureSet(**{name: np.load(folder / f"{name}.npy") for name in FILES})
 
 
-def layer_features(output, aux_layers: tuple[int, ...]) -> torch.Tensor:
+def layer_features(output: Any, aux_layers: tuple[int, ...]) -> torch.Tensor:
     """float32 [B, T, (len(aux_layers) + 1) * H] from a ``model.model`` output: the given decoder
     layers' outputs, then the post-norm last hidden state. transformers' ``hidden_states[0]`` is
     the embedding output, ``hidden_states[i + 1]`` the output of decoder layer i (before the
@@ -88,7 +90,7 @@ def to_float16(features: torch.Tensor) -> np.ndarray:
 
 
 @torch.inference_mode()
-def extract_features(model, sequences: list[TrainingSequence], batch_tokens: int = 1024,
+def extract_features(model: Any, sequences: list[TrainingSequence], batch_tokens: int = 1024,
                      progress: bool = True, bf16: bool = True,
                      shard_dir: Path | None = None, shard_tokens: int = 16384,
                      aux_layers: tuple[int, ...] = ()) -> FeatureSet:
@@ -140,22 +142,32 @@ def extract_features(model, sequences: list[TrainingSequence], batch_tokens: int
         unsaved += batch
         start = stop
         if shard_dir is not None and (start == len(order) or
-                                      sum(len(features[s]) for s in unsaved) >= shard_tokens):
+                                      sum(len(f) for f in _computed(features, unsaved)) >= shard_tokens):
             _save_shard(shard_dir, unsaved, features)
             unsaved = []
     bar.close()
     lengths = [len(s.token_ids) for s in sequences]
     return FeatureSet(
         tokens=np.concatenate([np.asarray(s.token_ids, dtype=np.int32) for s in sequences]),
-        features=np.concatenate(features),
+        features=np.concatenate(_computed(features, range(len(sequences)))),
         offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         loss_from=np.asarray([s.loss_from for s in sequences], dtype=np.int32),
         kinds=np.asarray([s.kind for s in sequences], dtype="<U4"),
     )
 
 
-def _save_shard(shard_dir: Path, indices: list[int], features: list) -> None:
-    parts = [features[s] for s in indices]
+def _computed(features: list[np.ndarray | None], indices: Iterable[int]) -> list[np.ndarray]:
+    """The rows of sequences ``indices``, every one of which has its features by now."""
+    rows = []
+    for s in indices:
+        f = features[s]
+        assert f is not None, f"sequence {s} has no features"
+        rows.append(f)
+    return rows
+
+
+def _save_shard(shard_dir: Path, indices: list[int], features: list[np.ndarray | None]) -> None:
+    parts = _computed(features, indices)
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
     number = len(list(shard_dir.glob("shard-*.npz")))
     tmp = shard_dir / f"tmp-{number:05d}.npz"

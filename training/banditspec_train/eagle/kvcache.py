@@ -9,13 +9,15 @@ buffer doubles. Same values (bit for bit), same interface. Self-distillation of 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
 
 
 class ReservedLayer(DynamicLayer):
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int) -> None:
         super().__init__()
         self.capacity = max(1, int(capacity))
         self._k: torch.Tensor | None = None  # [B, nkv, room, d]
@@ -26,7 +28,8 @@ class ReservedLayer(DynamicLayer):
         assert self._k is not None and self._v is not None
         self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         need = self._n + key_states.shape[-2]
@@ -42,6 +45,7 @@ class ReservedLayer(DynamicLayer):
         self._v[..., self._n: need, :] = value_states
         self._n = need
         self._view()
+        assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
@@ -62,7 +66,7 @@ class ReservedLayer(DynamicLayer):
         super().reset()
 
 
-def reserved_cache(config, capacity: int) -> DynamicCache:
+def reserved_cache(config: PreTrainedConfig, capacity: int) -> DynamicCache:
     """A ``DynamicCache`` for ``config``'s decoder whose layers reserve ``capacity`` positions."""
     cache = DynamicCache(config=config)
     cache.layers = [ReservedLayer(capacity) for _ in cache.layers]

@@ -23,6 +23,8 @@ post-norm last hidden state (LM-head input).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from banditspec.eagle.head3 import Eagle3Head
@@ -76,14 +78,14 @@ class _SoftCrossEntropy(torch.autograd.Function):
     (on a CPU the [m, K] passes, not the matmuls, were most of a training step)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         log_probs = logits.log_softmax(-1)  # [m, K]
         ctx.save_for_backward(log_probs, probs)
         return -torch.linalg.vecdot(probs, log_probs)  # [m]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         log_probs, probs = ctx.saved_tensors
         return log_probs.exp_().sub_(probs).mul_(grad[:, None]), None  # in place: backward runs once
 

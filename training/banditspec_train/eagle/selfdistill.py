@@ -23,6 +23,7 @@ import random
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,6 +32,11 @@ from banditspec.errors import BanditSpecValidationError
 from banditspec_train.eagle.corpus import TrainingSequence, system_prefix_len
 from banditspec_train.eagle.features import FeatureSet, extract_features, layer_features, to_float16
 from banditspec_train.eagle.kvcache import reserved_cache
+
+if TYPE_CHECKING:
+    from multiprocessing.context import BaseContext
+
+    from tqdm import tqdm
 
 PROMPT_CHARS = 600  # longer requests are skipped (keeps batches short and fast)
 LOSS_ON = ("answers", "text")
@@ -81,7 +87,7 @@ def chat_prompts(count: int, seed: int) -> list[str]:
 
     conversations = [c for c in sharegpt_split("train") if c and c[0][0] == "human"]
     random.Random(seed + 3).shuffle(conversations)
-    out = []
+    out: list[str] = []
     for conversation in conversations:
         if len(out) == count:
             break
@@ -127,7 +133,7 @@ def prompt_part(spec: DistillSpec) -> tuple[list[str], list[str]]:
     return chat_prompts((p + 1) * c, spec.seed)[p * c:], code_prompts((p + 1) * k, spec.seed)[p * k:]
 
 
-def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+def encode_prompts(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
     """Prompt ids exactly as the server builds them (one user turn in the chat template)."""
     from banditspec.text import prompt_ids
 
@@ -135,7 +141,7 @@ def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def _greedy(model, prompts: list[list[int]], max_new_tokens: int, eos_id: int, pad_id: int,
+def _greedy(model: Any, prompts: list[list[int]], max_new_tokens: int, eos_id: int, pad_id: int,
             bf16: bool, aux_layers: tuple[int, ...] | None) -> tuple[list[list[int]], list[np.ndarray] | None]:
     """Greedy answers of a batch (left-padded, one KV cache); with ``aux_layers`` (not None)
     also every position's :func:`.features.layer_features` row, float16. The model may hold
@@ -189,7 +195,7 @@ def _greedy(model, prompts: list[list[int]], max_new_tokens: int, eos_id: int, p
     return sequences, [to_float16(torch.cat(f)) for f in features] if keep else None
 
 
-def greedy_with_features(model, prompts: list[list[int]], max_new_tokens: int, eos_id: int,
+def greedy_with_features(model: Any, prompts: list[list[int]], max_new_tokens: int, eos_id: int,
                          pad_id: int, bf16: bool = False,
                          aux_layers: tuple[int, ...] = ()) -> list[tuple[list[int], np.ndarray]]:
     """Greedy answers of a batch; per prompt (prompt + answer ids, float16 [len, F] features,
@@ -202,20 +208,20 @@ def greedy_with_features(model, prompts: list[list[int]], max_new_tokens: int, e
     return list(zip(sequences, features))
 
 
-def greedy_answers(model, prompts: list[list[int]], max_new_tokens: int, eos_id: int,
+def greedy_answers(model: Any, prompts: list[list[int]], max_new_tokens: int, eos_id: int,
                    pad_id: int) -> list[list[int]]:
     """Prompt + greedy answer ids of a batch (no features), as :func:`greedy_with_features`."""
     return _greedy(model, prompts, max_new_tokens, eos_id, pad_id, False, None)[0]
 
 
-def bf16_copy(model):
+def bf16_copy(model: Any) -> Any:
     """The target with bf16 weights, for writing answers fast (AMX / AVX512-BF16 matmuls)."""
     import copy
 
     return copy.deepcopy(model).to(torch.bfloat16)
 
 
-def answer_batch(model, generator, spec: DistillSpec, prompts: list[list[int]], eos_id: int,
+def answer_batch(model: Any, generator: Any, spec: DistillSpec, prompts: list[list[int]], eos_id: int,
                  pad_id: int) -> list[tuple[list[int], np.ndarray]]:
     """(ids, float16 features) per prompt of one batch, at ``spec.precision``.
 
@@ -235,7 +241,7 @@ def answer_batch(model, generator, spec: DistillSpec, prompts: list[list[int]], 
     return [(s, fs.sequence(i)[1]) for i, s in enumerate(sequences)]
 
 
-def _plan(tokenizer, spec: DistillSpec) -> tuple[list[list[int]], list[str], list[list[int]]]:
+def _plan(tokenizer: Any, spec: DistillSpec) -> tuple[list[list[int]], list[str], list[list[int]]]:
     """(encoded prompts, their kinds, batches of prompt indices sorted by length)."""
     chats, codes = prompt_part(spec)
     texts, kinds = chats + codes, ["chat"] * len(chats) + ["code"] * len(codes)
@@ -250,7 +256,7 @@ class BatchQueue:
     prompts first (batches are sorted by prompt length): the workers finish together instead
     of one waiting for the other's last, longest batches. Counters shared between processes."""
 
-    def __init__(self, count: int, context) -> None:
+    def __init__(self, count: int, context: BaseContext) -> None:
         self.count = count
         self._next = context.Value("i", 0)
         self._finished = context.Value("i", 0)
@@ -270,8 +276,8 @@ class BatchQueue:
         return int(self._finished.value)
 
 
-def _answer_batches(model, tokenizer, spec: DistillSpec, encoded: list[list[int]], batches: list[list[int]],
-                    shard_dir: Path | None, queue: BatchQueue, bar=None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def _answer_batches(model: Any, tokenizer: Any, spec: DistillSpec, encoded: list[list[int]], batches: list[list[int]],
+                    shard_dir: Path | None, queue: BatchQueue, bar: tqdm | None = None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Answer the batches this process claims from ``queue`` (skipping finished shards); their
     results. ``bar`` (tqdm): shows every worker's finished batches."""
     eos = tokenizer.eos_token_id
@@ -317,7 +323,7 @@ def _worker_main(model_name: str, spec: DistillSpec, shard_dir: Path, queue: Bat
     _answer_batches(model, tokenizer, spec, encoded, batches, shard_dir, queue)
 
 
-def distill(model, tokenizer, spec: DistillSpec, shard_dir: Path | None = None,
+def distill(model: Any, tokenizer: Any, spec: DistillSpec, shard_dir: Path | None = None,
             progress: bool = True, workers: int = 1, model_name: str | None = None) -> FeatureSet:
     """Self-distillation FeatureSet; each finished batch is a shard a later call resumes from.
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -314,7 +315,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
-def _new_head(args: argparse.Namespace, model, tokenizer, train_set: FeatureSet,
+def _new_head(args: argparse.Namespace, model: Any, tokenizer: Any, train_set: FeatureSet,
               embedding: torch.Tensor) -> EagleHead | Eagle3Head:
     """A fresh head of the requested format with its draft vocabulary chosen."""
     text_counts = token_frequencies(tokenizer, args.seed)
@@ -358,14 +359,14 @@ def check_warm_start(asked: int | None, head_format: str, num_layers: int, off_a
         raise BanditSpecValidationError("warm_start_layer", f"must be {allowed}, got {asked}")
 
 
-def init_metadata(args: argparse.Namespace, head: EagleHead | Eagle3Head) -> dict:
+def init_metadata(args: argparse.Namespace, head: EagleHead | Eagle3Head) -> dict[str, Any]:
     if not isinstance(head, Eagle3Head):
         return {}
     layer = warm_start_layer(args.warm_start_layer, head.config)
     return {"warm_start_layer": layer, **({"fc_noise": args.warm_start_fc_noise} if layer is not None else {})}
 
 
-def warm_start(head: Eagle3Head, model, layer_index: int, fc_noise: float) -> None:
+def warm_start(head: Eagle3Head, model: Any, layer_index: int, fc_noise: float) -> None:
     """Start ``head``'s midlayer as the target's decoder layer ``layer_index``: hidden_norm, the
     hidden half of q/k/v, o_proj, post_attention_layernorm and the MLP are copied; the embedding
     half of q/k/v keeps its init; input_layernorm copies layer 0's (the target's norm on its
@@ -437,7 +438,7 @@ def run(args: argparse.Namespace) -> int:
     limit = None if args.max_train_minutes is None else 60.0 * args.max_train_minutes
     result = train_head(head, loss_fn, train_set, val_set, cfg, progress, max_seconds=limit)
 
-    def counted(s) -> int:
+    def counted(s: FeatureSet) -> int:
         return int(np.sum(np.maximum(0, np.diff(s.offsets) - 1 - s.loss_from)))
 
     feature = (f"outputs of decoder layers {list(aux)} (before the final norm), concatenated" if aux

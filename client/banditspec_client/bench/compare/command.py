@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, TypedDict
 
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN
 from banditspec.engine import panel_kernel
@@ -38,9 +39,16 @@ from banditspec_client.bench.runner import Runner, RunSettings, run_interleaved
 from banditspec_client.bench.splits import SPLITS, describe
 from banditspec_client.bench.workloads import MULTITURN, MULTITURN_TURNS, Prompt, load_workload, parse_workloads
 
-QUICK = {"workload": "mixed", "prompts": 3, "max_tokens": 48}
+
+class Preset(TypedDict):
+    workload: str
+    prompts: int
+    max_tokens: int
+
+
+QUICK: Preset = {"workload": "mixed", "prompts": 3, "max_tokens": 48}
 MULTITURN_METHODS = f"{VANILLA},costaware"  # plain decoding vs the default
-FULL = {"workload": "all", "prompts": 4, "max_tokens": 96}
+FULL: Preset = {"workload": "all", "prompts": 4, "max_tokens": 96}
 WARMUP_PROMPT = Prompt("warm-up", "chat", "warm-up", "Name three colours.")
 
 
@@ -110,7 +118,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[str], int, int]:
     return workloads, prompts, max_tokens
 
 
-def _progress(total: int, disabled: bool):
+def _progress(total: int, disabled: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, unit="run", desc="bench", disable=disabled, file=sys.stderr, dynamic_ncols=True)

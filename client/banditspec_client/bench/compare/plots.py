@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from banditspec_client.bench.compare.summary import WorkloadSummary, by_prompt, is_adaptive
 from banditspec_client.bench.methods import VANILLA, RunRecord
 from banditspec_client.bench.report import pyplot, save_png
 
 
-def _bars(ax, summaries: Sequence[WorkloadSummary], methods: list[str], ylabel: str) -> None:
+def _bars(ax: Any, summaries: Sequence[WorkloadSummary], methods: list[str], ylabel: str) -> None:
     width = 0.8 / max(1, len(methods))
     for j, method in enumerate(methods):
         xs, ys = [], []

@@ -33,13 +33,15 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from banditspec.config import arm_drafter
+
 from banditspec_client.bench.methods import ADAPTIVE_POLICIES, FIXED_DRAFTERS, VANILLA, RunRecord
 from banditspec_client.bench.report import MISSING, fmt
 from banditspec_client.bench.report import markdown_table as table
 
 
 def is_fixed_arm(method: str) -> bool:
-    return method.partition("@")[0] in FIXED_DRAFTERS
+    return arm_drafter(method) in FIXED_DRAFTERS
 
 
 def is_adaptive(method: str) -> bool:
@@ -173,7 +175,8 @@ def summarize_workload(workload: str, records: Sequence[RunRecord], methods: Seq
                if all(m in runs for m in methods)}
     totals = {m: MethodSummary(m, len(prompts), 0, 0.0, 0) for m in methods}
     speedups: dict[str, list[float]] = defaultdict(list)
-    oracle_tokens, oracle_seconds, choices, mismatches = 0, 0.0, Counter(), []
+    oracle_tokens, oracle_seconds, mismatches = 0, 0.0, []
+    choices: Counter[str] = Counter()
     for pid, runs in prompts.items():
         for m in methods:
             r = runs[m]
@@ -205,8 +208,8 @@ def summarize_workload(workload: str, records: Sequence[RunRecord], methods: Seq
         if vanilla is not None and vanilla.tokens_per_second > 0:
             s.speedup = s.tokens_per_second / vanilla.tokens_per_second
         if summary.best_fixed is not None:
-            best = totals[summary.best_fixed].tokens_per_second
-            s.vs_best_fixed = s.tokens_per_second / best if best > 0 else None
+            best_rate = totals[summary.best_fixed].tokens_per_second
+            s.vs_best_fixed = s.tokens_per_second / best_rate if best_rate > 0 else None
         if summary.oracle_tokens_per_second:
             s.vs_oracle = s.tokens_per_second / summary.oracle_tokens_per_second
         if is_adaptive(s.method) and summary.best_fixed is not None:
@@ -229,7 +232,7 @@ MIXED_MARGIN, PER_WORKLOAD_SHARE, ORACLE_SHARE = 1.05, 1.00, 0.95
 def target_checks(summaries: Sequence[WorkloadSummary],
                   policy: str = "ucbspec") -> list[tuple[str, float | None, bool | None]]:
     """(target, measured ratio, met) for the issue's targets, for ``policy``'s method."""
-    out = []
+    out: list[tuple[str, float | None, bool | None]] = []
     for s in summaries:
         m = s.get(policy)
         if m is None:

@@ -41,6 +41,10 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+
+from banditspec.bandits.registry import ADAPTIVE_POLICIES
+from banditspec.config import arm_drafter, split_arm
 
 from banditspec_client.bench.concurrency.load import (
     TRANSPORTS,
@@ -50,12 +54,13 @@ from banditspec_client.bench.concurrency.load import (
     TritonStreamClient,
     run_block,
 )
+from banditspec_client.bench.methods import FIXED_DRAFTERS
 from banditspec_client.triton_client import GenerationOptions
 
 DEFAULT_OUT = Path("docs/benchmarks/concurrency")
 DEFAULT_METHODS = "vanilla,pld@4,suffix@4,copy@4,eagle@4,default"
-ADAPTIVE = ("costaware", "ucbspec", "exp3spec")
-FIXED = ("pld", "suffix", "rest", "eagle", "copy")
+ADAPTIVE = ADAPTIVE_POLICIES
+FIXED = FIXED_DRAFTERS
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ class LoadMethod:
         the adaptive policies, whose arms include it, and the suffix arm): through Triton it gets
         a private copy of the controller model, so what other methods generated on the same
         prompts never drafts for it."""
-        return self.policy is None or self.policy in ADAPTIVE or self.name.partition("@")[0] == "suffix"
+        return self.policy is None or self.policy in ADAPTIVE or arm_drafter(self.name) == "suffix"
 
     @property
     def model_name(self) -> str:
@@ -90,7 +95,7 @@ def parse_methods(text: str) -> list[LoadMethod]:
             out.append(LoadMethod(name, None))
         elif name in ADAPTIVE:
             out.append(LoadMethod(name, name))
-        elif name.partition("@")[0] in FIXED and (not name.partition("@")[1] or name.partition("@")[2].isdigit()):
+        elif split_arm(name)[0] in FIXED and (name == split_arm(name)[0] or split_arm(name)[1].isdigit()):
             out.append(LoadMethod(name, f"fixed:{name}"))
         else:
             raise SystemExit(f"--methods: unknown method {name!r} (vanilla, default, <drafter>@<gamma> with drafter "
@@ -237,7 +242,7 @@ def mark_mismatches(blocks: list[BlockResult], temperature: float) -> dict[int, 
     return out
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from banditspec.paths import cache_dir
     from banditspec_server.serve import SOURCE_REPOSITORY, TritonServer
 
@@ -335,7 +340,8 @@ def run(args) -> int:
     return 0
 
 
-async def _sweep(args, levels, methods, transports, prompts, urls, opts_for) -> list[BlockResult]:
+async def _sweep(args: argparse.Namespace, levels: list[int], methods: list[LoadMethod], transports: list[str],
+                 prompts: list[str], urls: dict[str, str], opts_for: dict[str, GenerationOptions]) -> list[BlockResult]:
     from tqdm import tqdm
 
     clients: dict[str, Client] = {}  # by transport, and by "triton:<model>" for each controller model
@@ -349,7 +355,7 @@ async def _sweep(args, levels, methods, transports, prompts, urls, opts_for) -> 
                 clients[key] = TritonStreamClient(urls["triton"], model_name=method.model_name)
                 await clients[key].start()
 
-    def client_for(transport: str, method) -> Client:
+    def client_for(transport: str, method: LoadMethod) -> Client:
         return clients[f"triton:{method.model_name}"] if transport == "triton" else clients[transport]
     blocks: list[BlockResult] = []
     try:
@@ -392,7 +398,7 @@ async def _sweep(args, levels, methods, transports, prompts, urls, opts_for) -> 
     return blocks
 
 
-def _per_stream(args, level: int) -> int:
+def _per_stream(args: argparse.Namespace, level: int) -> int:
     """Requests each of a level's streams sends: --requests-per-stream, more when the row would
     have fewer than --min-requests."""
     return max(args.requests_per_stream, -(-args.min_requests // level))
@@ -409,5 +415,5 @@ def _repository_default(key: str, model: str = "banditspec") -> str:
     return found.group(1) if found else "?"
 
 
-def _interrupt(signum, frame) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt

@@ -22,7 +22,7 @@ import asyncio
 import json
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,7 +145,7 @@ class TritonStreamClient(Client):
 
         inputs = _grpc_inputs(prompt, opts)
 
-        async def one():
+        async def one() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": self.model_name, "inputs": inputs}
 
         pieces: list[str] = []
@@ -254,7 +254,8 @@ def _take_stats(outcome: RequestOutcome, stats: dict) -> None:
 
 async def run_block(client: Client, *, transport: str, method: str, prompts: Sequence[str], prompt_indices: Sequence[int],
                     concurrency: int, requests_per_stream: int, opts: GenerationOptions,
-                    request_timeout_s: float = 600.0, on_request=None) -> BlockResult:
+                    request_timeout_s: float = 600.0,
+                    on_request: Callable[[RequestOutcome], object] | None = None) -> BlockResult:
     """``concurrency`` closed-loop streams, each sending ``requests_per_stream`` requests:
     stream s sends prompt_indices[s], prompt_indices[s + concurrency], ... (cycled)."""
     outcomes: list[RequestOutcome] = []

@@ -27,7 +27,7 @@ def _ms(value: float | None) -> str:
     return fmt(None if value is None else 1e3 * value, "{:.0f}")
 
 
-def _per_level(value) -> str:
+def _per_level(value: int | dict[Any, int]) -> str:
     """Requests per stream: one number, or {level: number} (a level's streams send more to
     reach the row's minimum)."""
     if isinstance(value, dict):
