@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -191,3 +194,34 @@ def test_a_bad_field_stays_invalid_whatever_its_words(stack):
     assert req.sender.done.wait(10)
     (code, message), = errors(req.sender)
     assert code == fake_pb_utils.TritonError.INVALID_ARG and message.startswith("policy") and "retry after" not in message
+
+
+def test_a_request_thread_that_outlives_the_stop_is_logged_with_where_it_is(stack, caplog):
+    """finalize waits for the request threads; one still running a few seconds after the stop
+    is named in the log with its stack (then waited for), so a slow stop says what it waits on."""
+    model, _, _ = stack
+    module = type(model).finalize.__globals__  # the model file's globals (loaded from its path)
+    release, entered = threading.Event(), threading.Event()
+
+    def stuck_handle(inputs, sink):
+        entered.set()
+        release.wait(10)
+
+    model.controller.handle = stuck_handle
+    model.execute([request()])
+    assert entered.wait(5)
+    original, module["FINALIZE_REPORT_S"] = module["FINALIZE_REPORT_S"], 0.1
+    stopping = threading.Thread(target=model.finalize)
+    try:
+        with caplog.at_level(logging.WARNING, logger="banditspec.model"):
+            stopping.start()
+            deadline = time.monotonic() + 5
+            while "still running" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert "1 request thread(s) still running" in caplog.text and "stuck_handle" in caplog.text
+        assert stopping.is_alive()  # still waiting for it
+    finally:
+        module["FINALIZE_REPORT_S"] = original
+        release.set()
+        stopping.join(10)
+    assert not stopping.is_alive()

@@ -18,9 +18,11 @@ from banditspec.metrics import build_serving_metrics, triton_family_factory
 from banditspec.serving.config import Parameters, ServingConfig, model_parameters
 from banditspec.serving.controller import INPUT_KINDS, stats_json
 from banditspec.serving.heap import freeze_heap
+from banditspec.serving.request_threads import RequestThreads
 from banditspec.serving.setup import build_controller
 
 log = logging.getLogger("banditspec.model")
+FINALIZE_REPORT_S = 5.0  # a request thread still running this long after the stop is logged with its stack
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # pb_utils.TritonError exists only once the stub runs (not at auto-complete import time).
 ERROR_CODES = {"invalid": "INVALID_ARG", "unavailable": "UNAVAILABLE", "internal": "INTERNAL"}
@@ -153,6 +155,7 @@ class TritonPythonModel:
         defaults = self.controller.defaults
         workers = defaults.max_concurrent_sequences + defaults.max_queue_size + 4
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="banditspec")
+        self.request_threads = RequestThreads()
         # Calibration and warm-up need the target, and Triton 2.51 allows BLS calls only from a
         # request ("BLS is only supported during the 'execute' function", and the server answers
         # none before it is ready): the first request runs them (Controller.prepare) before it
@@ -178,7 +181,8 @@ class TritonPythonModel:
 
     def _serve(self, inputs, sink):
         try:
-            self.controller.handle(inputs, sink)
+            with self.request_threads.running():
+                self.controller.handle(inputs, sink)
         except Exception:  # never let a request thread die silently
             log.exception("request failed")
         finally:
@@ -188,5 +192,10 @@ class TritonPythonModel:
 
     def finalize(self):
         self.shutting_down.set()
+        # Requests see shutting_down at their next step or queue check and end; one that does
+        # not within a few seconds is named in the log with where it is, then waited for.
+        if not self.request_threads.wait_idle(FINALIZE_REPORT_S):
+            log.warning("stopping: %d request thread(s) still running after %.0f s:\n%s",
+                        self.request_threads.count(), FINALIZE_REPORT_S, self.request_threads.stacks())
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.metrics.close()
