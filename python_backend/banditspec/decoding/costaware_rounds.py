@@ -22,7 +22,7 @@ learned in; below ``HINT_FLOOR`` it is not offered that round."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from banditspec.bandits.cost_model import CostModel
@@ -67,6 +67,32 @@ def _cut(draft: Draft, gamma: int) -> Draft:
     return Draft(draft.token_ids[:gamma], None if draft.probs is None else draft.probs[:gamma])
 
 
+@dataclass
+class _Round:
+    """One round's state while :meth:`CostAwareRounds.choose` works through it."""
+
+    arms: Sequence[ArmSpec]
+    available: list[int]  # the session's own list: a drafter that fails leaves it at once
+    limit: int
+    position: int
+    drafters: ProposalSource
+    drafts: dict[int, Draft] = field(default_factory=dict)  # arm index -> its cheap proposal
+    costly: list[Candidate] = field(default_factory=list)  # costly drafters pulled blind
+    previewing: list[tuple[int, Candidate]] = field(default_factory=list)  # previewing drafters
+    lazy: list[tuple[int, int]] = field(default_factory=list)  # (arm index, cap) of lazy cheap drafters
+    candidates: list[Candidate] = field(default_factory=list)  # what the controller chooses among
+    eager: list[Candidate] = field(default_factory=list)  # the candidates already priced
+    floor: Choice | None = None  # the best eager proposal (the lazy drafters' bar)
+    start: Choice | None = None  # the best already priced, the final choice goes on from it
+    seen: dict[int, tuple[Preview, Candidate]] = field(default_factory=dict)  # arm index -> (preview, candidate)
+
+    def propose(self, index: int, cap: int) -> None:
+        """Arm ``index``'s drafter proposes up to ``cap`` tokens; a non-empty draft is kept."""
+        draft = self.drafters.propose(self.arms[index].drafter, cap)
+        if draft is not None and len(draft) > 0:
+            self.drafts[index] = draft
+
+
 class CostAwareRounds:
     """clock: the decoder's clock (drafting time is measured with it)."""
 
@@ -85,31 +111,44 @@ class CostAwareRounds:
         where the draft's first token would go; ``drafters``: the request's drafters, asked
         for a proposal, a previewing drafter's first token or a blind costly drafter's hint
         (its chance of a first token accepted)."""
-        controller = self.controller
-
-        def propose(arm: ArmSpec, max_len: int) -> Draft | None:
-            return drafters.propose(arm.drafter, max_len)
-
         if limit <= 0:
             return None, Draft()
         batch = self._cost_model.batch  # the other sequences' share of the step (None: alone)
-        controller.price_load(None if batch is None else batch.load())
-        candidates, drafts, costly = [], {}, []
-        previewing: list[tuple[int, Candidate]] = []  # previewing drafters, asked after the cheap ones
-        lazy: list[tuple[int, int]] = []  # (arm index, cap) of cheap drafters asked only when they could win
+        self.controller.price_load(None if batch is None else batch.load())
+        state = _Round(arms, available, limit, position, drafters)
+        self._ask_eager(state)
+        self._ask_lazy(state)
+        self._offer_proposals(state)
+        self._ask_previews(state)
+        state.candidates += state.costly
+        choice = self.controller.choose(state.candidates, limit, position, state.start, len(state.eager))
+        chosen = None if choice.drafter is None else next(i for i in available if arms[i].drafter == choice.drafter)
+        for index, (first, candidate) in state.seen.items():
+            if index != chosen:  # its first token is scored as if it had been offered
+                self._open.append((candidate.drafter, candidate.bucket, position, [first.token], 0))
+        if chosen is None or choice.drafter is None:
+            return None, Draft()
+        if chosen in state.drafts:
+            return chosen, _cut(state.drafts[chosen], choice.gamma)
+        return self._pull(state, chosen, choice)
+
+    def _ask_eager(self, state: _Round) -> None:
+        """Sort the round's drafters: a costly one becomes a candidate to pull (blind, with its
+        hint as context) or to preview; a lazy cheap one waits; every other cheap one proposes."""
         draft_costs = self._cost_model.draft_costs()  # server-wide: (per call, per token)
+        available, drafters = state.available, state.drafters
         for index in list(available):
-            arm = arms[index]
+            arm = state.arms[index]
             drafter = drafters.drafter(arm.drafter)
             if index not in available or drafter is None:
                 continue
-            cap = min(arm.gamma, limit)
+            cap = min(arm.gamma, state.limit)
             traits = drafter.traits
             if traits.drafts_when_chosen:
                 per_call, per_token = draft_costs.get(arm.drafter, (0.0, 0.0))  # untried: optimistic
                 candidate = Candidate(arm.drafter, cap, 0, True, per_call, per_token)
                 if traits.previews:
-                    previewing.append((index, replace(candidate, previewed=True)))
+                    state.previewing.append((index, replace(candidate, previewed=True)))
                     continue
                 chance = drafters.hint(arm.drafter)
                 if index not in available:
@@ -118,72 +157,73 @@ class CostAwareRounds:
                     if chance < HINT_FLOOR:
                         continue  # a pull would (almost) surely miss, or it cannot draft now
                     candidate = replace(candidate, bucket=context_bucket(hint_level(chance)), first_hazard=chance)
-                costly.append(candidate)
+                state.costly.append(candidate)
                 continue
             if traits.proposes_lazily:
-                lazy.append((index, cap))
+                state.lazy.append((index, cap))
                 continue
-            draft = propose(arm, cap)
-            if draft is not None and len(draft) > 0:
-                drafts[index] = draft
-        # The best of the eager cheap proposals (the lazy drafters' floor): the final choice
-        # goes on from it when the lazy proposals left their contexts as they were.
-        eager: list[Candidate] = []
-        floor: Choice | None = None
-        if lazy:
-            eager = [Candidate(arms[i].drafter, len(d), self._bucket(arms[i].drafter, d, drafts)) for i, d in drafts.items()]
-            floor = controller.best(eager, limit, position)
-            for index, cap in lazy:
-                name = arms[index].drafter
-                known = buckets_after(self._last_first.get(name, (0, None))[1])
-                if index in available and controller.utility_bound(Candidate(name, cap), limit, position, known) > floor.value:
-                    draft = propose(arms[index], cap)
-                    if draft is not None and len(draft) > 0:
-                        drafts[index] = draft
-        firsts = [int(d.token_ids[0]) for d in drafts.values()]
-        for index, draft in drafts.items():
-            drafter_name = arms[index].drafter
-            bucket = self._bucket(drafter_name, draft, drafts)
-            self._open.append((drafter_name, bucket, position, draft.token_ids.tolist(), 0))
-            candidates.append(Candidate(drafter_name, len(draft), bucket))
-        start: Choice | None = None  # the floor, while it is the best of candidates[:len(eager)]
-        if floor is not None and candidates[: len(eager)] == eager:
-            start = floor
-        seen: dict[int, tuple[Preview, Candidate]] = {}  # arm index -> (preview, its candidate)
-        if previewing:
-            # A preview costs a head call: asked only when the drafter, in its most favourable
-            # context, could beat what the cheap proposals already offer.
-            start = controller.best(candidates, limit, position, start, len(eager))
-            eager = list(candidates)
-            for index, candidate in previewing:
-                if index not in available or controller.utility_bound(candidate, limit, position) <= start.value:
-                    continue
-                first = drafters.preview(arms[index].drafter)
-                if first is None or first.declines or index not in available:
-                    continue
-                last_hit = self._last_first.get(candidate.drafter, (0, None))[1]
-                bucket = context_bucket(confidence_level(first.confidence), first.token in firsts, last_hit)
-                seen[index] = (first, replace(candidate, bucket=bucket))
-                candidates.append(seen[index][1])
-        candidates += costly
-        choice = controller.choose(candidates, limit, position, start, len(eager))  # from the best already priced
-        chosen = None if choice.drafter is None else next(i for i in available if arms[i].drafter == choice.drafter)
-        for index, (first, candidate) in seen.items():
-            if index != chosen:  # its first token is scored as if it had been offered
-                self._open.append((candidate.drafter, candidate.bucket, position, [first.token], 0))
-        if chosen is None or choice.drafter is None:
-            return None, Draft()
-        if chosen in drafts:
-            return chosen, _cut(drafts[chosen], choice.gamma)
+            state.propose(index, cap)
+
+    def _ask_lazy(self, state: _Round) -> None:
+        """A lazy cheap drafter proposes only when, in its most favourable context, it could beat
+        the best of the eager proposals (the floor); the final choice goes on from that floor
+        when the lazy proposals left the eager ones' contexts as they were."""
+        if not state.lazy:
+            return
+        arms, drafts = state.arms, state.drafts
+        state.eager = [Candidate(arms[i].drafter, len(d), self._bucket(arms[i].drafter, d, drafts)) for i, d in drafts.items()]
+        state.floor = self.controller.best(state.eager, state.limit, state.position)
+        for index, cap in state.lazy:
+            name = arms[index].drafter
+            known = buckets_after(self._last_first.get(name, (0, None))[1])
+            bound = self.controller.utility_bound(Candidate(name, cap), state.limit, state.position, known)
+            if index in state.available and bound > state.floor.value:
+                state.propose(index, cap)
+
+    def _offer_proposals(self, state: _Round) -> None:
+        """Every cheap proposal becomes a candidate in its context, and is opened for scoring."""
+        for index, draft in state.drafts.items():
+            drafter_name = state.arms[index].drafter
+            bucket = self._bucket(drafter_name, draft, state.drafts)
+            self._open.append((drafter_name, bucket, state.position, draft.token_ids.tolist(), 0))
+            state.candidates.append(Candidate(drafter_name, len(draft), bucket))
+        if state.floor is not None and state.candidates[: len(state.eager)] == state.eager:
+            state.start = state.floor
+
+    def _ask_previews(self, state: _Round) -> None:
+        """A preview costs a head call: asked only when the drafter, in its most favourable
+        context, could beat what the cheap proposals already offer."""
+        if not state.previewing:
+            return
+        controller, limit, position = self.controller, state.limit, state.position
+        firsts = [int(d.token_ids[0]) for d in state.drafts.values()]
+        start = state.start = controller.best(state.candidates, limit, position, state.start, len(state.eager))
+        state.eager = list(state.candidates)
+        for index, candidate in state.previewing:
+            if index not in state.available or controller.utility_bound(candidate, limit, position) <= start.value:
+                continue
+            first = state.drafters.preview(state.arms[index].drafter)
+            if first is None or first.declines or index not in state.available:
+                continue
+            last_hit = self._last_first.get(candidate.drafter, (0, None))[1]
+            bucket = context_bucket(confidence_level(first.confidence), first.token in firsts, last_hit)
+            state.seen[index] = (first, replace(candidate, bucket=bucket))
+            state.candidates.append(state.seen[index][1])
+
+    def _pull(self, state: _Round, chosen: int, choice: Choice) -> tuple[int | None, Draft]:
+        """Draft with the chosen costly drafter; when it fails or declines, the round takes the
+        best cheap proposal."""
+        controller = self.controller
         name, length = choice.drafter, choice.gamma
-        if chosen in seen:
-            bucket = seen[chosen][1].bucket
-            if length < seen[chosen][1].max_gamma and controller.seen(name, bucket, length) < EXPLORE_DEEPER_BELOW:
+        assert name is not None
+        if chosen in state.seen:
+            bucket = state.seen[chosen][1].bucket
+            if length < state.seen[chosen][1].max_gamma and controller.seen(name, bucket, length) < EXPLORE_DEEPER_BELOW:
                 length += 1
         else:
-            bucket = next(c.bucket for c in costly if c.drafter == name)  # its hint's context (0: none)
+            bucket = next(c.bucket for c in state.costly if c.drafter == name)  # its hint's context (0: none)
         began = self._clock()
-        draft = propose(arms[chosen], length)
+        draft = state.drafters.propose(name, length)
         produced = 0 if draft is None else len(draft)
         if draft is not None:
             self._cost_model.observe_draft(name, produced, self._clock() - began)
@@ -195,12 +235,12 @@ class CostAwareRounds:
             # decoded plainly. The round then takes the best cheap proposal.
             controller.record(name, bucket, 1, 0, 1)
         if draft is None or produced == 0:
-            fallback = controller.choose([c for c in candidates if not c.costly], limit, position)
+            fallback = controller.choose([c for c in state.candidates if not c.costly], state.limit, state.position)
             if fallback.drafter is None:
                 return None, Draft()
-            index = next(i for i in available if arms[i].drafter == fallback.drafter)
-            return index, _cut(drafts[index], fallback.gamma)
-        self._open.append((name, bucket, position, draft.token_ids.tolist(), 0))
+            index = next(i for i in state.available if state.arms[i].drafter == fallback.drafter)
+            return index, _cut(state.drafts[index], fallback.gamma)
+        self._open.append((name, bucket, state.position, draft.token_ids.tolist(), 0))
         return chosen, _cut(draft, choice.gamma)
 
     def _bucket(self, drafter: str, draft: Draft, drafts: dict[int, Draft]) -> int:
