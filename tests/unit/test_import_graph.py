@@ -199,3 +199,42 @@ def test_the_client_never_holds_the_server():
         assert (ROOT / "server" / "banditspec_server" / name).exists(), name
     server = {m: t for m, t in import_graph().items() if m.startswith("banditspec_server")}
     assert "banditspec_server.serve" in server
+
+
+# Layers, lowest first: a module imports only its own layer and the ones it may use. The
+# client's protocol helpers (a Triton request, the metrics page's text) sit below the server,
+# which uses them to warm itself up and to watch its models; the client's tools (benchmarks,
+# soak, demo, the command line, which also runs the training) sit above the server they start.
+CLIENT_HELPERS = {"banditspec_client", "banditspec_client.triton_client", "banditspec_client.prometheus_text"}
+MAY_IMPORT = {
+    "core": {"core"},
+    "training": {"core", "training"},
+    "client helpers": {"core", "client helpers"},
+    "server": {"core", "client helpers", "server"},
+    "client tools": {"core", "training", "client helpers", "server", "client tools"},
+}
+
+
+def layer_of(module: str) -> str:
+    top = module.split(".")[0]
+    if top == "banditspec":
+        return "core"
+    if top == "banditspec_train":
+        return "training"
+    if module in CLIENT_HELPERS:
+        return "client helpers"
+    if top == "banditspec_server":
+        return "server"
+    return "client tools"
+
+
+def test_no_module_imports_a_higher_layer():
+    graph = import_graph()
+    assert {"banditspec_server.serve", "banditspec_client.bench.runner", "banditspec_train.eagle.train"} <= set(graph)
+    assert "banditspec_client.triton_client" in graph["banditspec_server.serve"]  # the check sees the edges it allows
+    offenders = sorted(
+        f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})"
+        for module, targets in graph.items() for target in targets
+        if layer_of(target) not in MAY_IMPORT[layer_of(module)]
+    )
+    assert offenders == [], "\n".join(offenders)
