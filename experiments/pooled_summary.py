@@ -14,13 +14,16 @@ import random
 import sys
 from pathlib import Path
 
+from banditspec.config import arm_drafter
+from banditspec.drafters.registry import ARM_DRAFTERS
+
 path = sys.argv[1]
 method = sys.argv[2] if len(sys.argv) > 2 else "costaware"
-FIXED_DRAFTERS = ("pld", "suffix", "rest", "eagle", "copy")
+FIXED_DRAFTERS = ARM_DRAFTERS  # every arm the default may use
 records = json.loads(Path(path).read_text())["records"]
-run_fixed = list(dict.fromkeys(r["method"] for r in records if r["method"].partition("@")[0] in FIXED_DRAFTERS))
+run_fixed = list(dict.fromkeys(r["method"] for r in records if arm_drafter(r["method"]) in FIXED_DRAFTERS))
 fixed = sys.argv[3].split(",") if len(sys.argv) > 3 else run_fixed
-missing = [d for d in FIXED_DRAFTERS if not any(f.partition("@")[0] == d for f in fixed)]
+missing = [d for d in FIXED_DRAFTERS if not any(arm_drafter(f) == d for f in fixed)]
 if missing:
     print(f"note: best fixed arm chosen without {', '.join(missing)} (not run or not named), which the default may use")
 runs: dict[tuple, dict] = collections.defaultdict(dict)

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from banditspec_server.supervisor import StubWatch
 
 SOURCE_REPOSITORY = REPO_ROOT / "model_repository"
+# the longest a warm-up request waits for an answer (its first one follows the model's calibration,
+# ~30 target calls); a model that answers nothing this long gets another warm-up request
+WARM_UP_ANSWER_S = 300.0
 # The Python backend's stub runs an isolated interpreter (Triton 2.51: sys.flags.isolated, so
 # PYTHONPATH is ignored): it finds the core through the virtual environment's installed copy,
 # whichever checkout that was installed from. Its model directory is on its sys.path before
@@ -306,6 +309,7 @@ class TritonServer:
                 raise ValueError(f"{field}: expected a port number 0-65535 (0: any free port), got {port!r}")
         self._auto_ports = {f for f in PORT_FIELDS if getattr(self, f) == 0}  # chosen here, may move until ready
         self._ports_fixed = False
+        self._warming: threading.Thread | None = None  # the warm-up requests in flight, if any
         self._output: _OutputTail | None = None
         self.port_retries = 0  # start-ups tried again because an automatic port was taken
         merged: dict[str, dict[str, str]] = {"target": {"target_model": model}, "banditspec": {"target_model": model}}
@@ -367,6 +371,7 @@ class TritonServer:
                 raise PortInUseError(field, port, self.host)
 
     def start(self) -> TritonServer:
+        self._warming = None  # a warm-up still waiting on a previous process is that process's
         self._choose_ports()
         _prebuild(self.model, self.overrides)
         self.repository = render_repository(self.overrides, self.source)
@@ -429,13 +434,27 @@ class TritonServer:
     def _warm_up(self) -> None:
         """Each cold banditspec model's first request, which calibrates it and warms it up
         before it decodes (Triton allows a Python model to call another only from a request);
-        a repository may serve several (a benchmark's private copies)."""
+        a repository may serve several (a benchmark's private copies). Sent from a thread of
+        its own, one round at a time: a model that hangs while it warms up (a stopped stub
+        answers nothing) must not hold the start-up, which then still sees a stop request or
+        the server's exit."""
+        if self._warming is not None and self._warming.is_alive():
+            return
+        text = self._metrics_text()
+        cold = cold_models(text) if text is not None else []
+        if cold:
+            self._warming = threading.Thread(target=self._send_warm_ups, args=(self.grpc_url, cold), daemon=True,
+                                             name="warm-up")
+            self._warming.start()
+
+    @staticmethod
+    def _send_warm_ups(grpc_url: str, models: list[str]) -> None:
         from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
-        text = self._metrics_text()
-        for model in cold_models(text) if text is not None else []:
+        for model in models:
             try:
-                generate_grpc(self.grpc_url, "warm-up", GenerationOptions(max_tokens=1, policy="vanilla"), model_name=model)
+                generate_grpc(grpc_url, "warm-up", GenerationOptions(max_tokens=1, policy="vanilla"), model_name=model,
+                              timeout=WARM_UP_ANSWER_S)
             except Exception as exc:  # the gauge is what tells; a failure here is in the log
                 print(f"tritonserver: warm-up request to {model} failed: {exc}", file=sys.stderr, flush=True)
 

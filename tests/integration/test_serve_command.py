@@ -92,6 +92,19 @@ class Served:
         except OSError:
             return None
 
+    def warm(self) -> bool:
+        """Every banditspec model calibrated and warm (``nv_banditspec_ready`` 1): serve's own
+        readiness, which follows Triton's; its supervisor watches the stubs from then on (a stub
+        stopped while serve still waits for its warm-up would be a start-up that never ends)."""
+        from banditspec_server.serve import warm_from_metrics
+
+        try:
+            with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=2) as resp:
+                text = resp.read().decode("utf-8", "replace")
+        except OSError:
+            return False
+        return "nv_banditspec_ready" in text and warm_from_metrics(text)
+
     def openai_up(self) -> bool:
         """The OpenAI API answers (serve starts it once tritonserver is ready and warm); True without one."""
         if self.openai_port is None:
@@ -104,7 +117,7 @@ class Served:
 
     def wait_ready(self, timeout: float) -> float:
         started = time.monotonic()
-        while self.ready() != 200 or len(self.stubs()) < 3 or not self.openai_up():
+        while self.ready() != 200 or len(self.stubs()) < 3 or not self.openai_up() or not self.warm():
             assert self.process.poll() is None, f"banditspec serve exited with {self.process.returncode}"
             assert time.monotonic() - started < timeout, f"not ready after {timeout} s (log {self.log})"
             time.sleep(0.2)
@@ -197,7 +210,8 @@ def _kill_and_watch(served, model: str, sig: int = signal.SIGKILL):
         if went_down is None and status != 200:
             went_down = now
         pid = served.tritonserver_pid()
-        if went_down is not None and status == 200 and pid not in (None, old_server) and len(served.stubs()) == 3:
+        if (went_down is not None and status == 200 and pid not in (None, old_server) and len(served.stubs()) == 3
+                and served.warm()):
             print(f"{model} after {signal.Signals(sig).name}: {states}")
             return old, killed, went_down, now
         assert served.process.poll() is None, f"banditspec serve exited ({served.process.returncode})"
@@ -470,7 +484,8 @@ def test_a_request_that_aborts_tritonserver_itself_is_survived(served, reference
     sent = time.monotonic()
     status, _ = _http_or_none(served, "/v2/models/target/infer", body)
     assert status is None, "tritonserver answered: the crasher is fixed upstream; update docs/reliability.md"
-    while not (served.ready() == 200 and served.tritonserver_pid() not in (None, old_server) and len(served.stubs()) == 3):
+    while not (served.ready() == 200 and served.tritonserver_pid() not in (None, old_server) and len(served.stubs()) == 3
+               and served.warm()):
         assert served.process.poll() is None and time.monotonic() - sent < RECOVERY_BOUND_S
         time.sleep(0.2)
     print(f"aborted tritonserver: ready again after {time.monotonic() - sent:.1f} s")
