@@ -21,11 +21,6 @@ FAILURE_ERROR = "error"  # the drafter raised (in start, propose or observe)
 FAILURE_KINDS = (FAILURE_DEADLINE, FAILURE_ERROR)
 
 
-def drafter_of(arm: str) -> str:
-    """``"pld@2"`` -> ``"pld"``; ``"pld"`` -> ``"pld"``."""
-    return arm_drafter(arm)
-
-
 def failure_kind(reason: str) -> str:
     """Classify a reason of :attr:`SpeculationStats.dropped_arms` (``"deadline exceeded"``,
     ``"propose failed: RuntimeError"``, ...)."""
@@ -40,7 +35,7 @@ def drafter_failures(dropped_arms: Mapping[str, str]) -> dict[tuple[str, str], i
     nothing of its own."""
     failed: dict[str, str] = {}
     for arm, reason in dropped_arms.items():
-        drafter = drafter_of(arm)
+        drafter = arm_drafter(arm)
         if reason == "unavailable" and drafter not in failed:
             failed[drafter] = FAILURE_ERROR
         elif reason != "unavailable":

@@ -89,13 +89,14 @@ def parse_methods(text: str) -> list[LoadMethod]:
     for name in (t.strip() for t in text.split(",")):
         if not name:
             continue
+        drafter, gamma = split_arm(name)
         if name == "vanilla":
             out.append(LoadMethod(name, "vanilla"))
         elif name == "default":
             out.append(LoadMethod(name, None))
         elif name in ADAPTIVE:
             out.append(LoadMethod(name, name))
-        elif split_arm(name)[0] in FIXED and (name == split_arm(name)[0] or split_arm(name)[1].isdigit()):
+        elif drafter in FIXED and (name == drafter or gamma.isdigit()):
             out.append(LoadMethod(name, f"fixed:{name}"))
         else:
             raise SystemExit(f"--methods: unknown method {name!r} (vanilla, default, <drafter>@<gamma> with drafter "
