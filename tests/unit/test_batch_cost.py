@@ -18,7 +18,7 @@ from banditspec.bandits.costaware import PLAIN, Candidate, CostAwarePolicy
 from banditspec.config import GenerationRequest
 from banditspec.decoding.decoder import SpeculativeDecoder
 from banditspec.decoding.session import generate, run_to_completion
-from banditspec.engine.contract import VerifyRequest
+from banditspec.engine.contract import VerifyPass, VerifyRequest, VerifyResult
 from banditspec.engine.gather import VerifyGatherer, _Slot
 from banditspec.evaluation.replay import VirtualClock
 
@@ -193,6 +193,89 @@ def test_gathered_calls_price_rows_and_a_first_steps_prefill_is_left_out():
         if fitted.as_dict()["observations"][rows - 1]:
             assert fitted.verify_seconds(rows, 10) == pytest.approx(0.02 + 0.004 * rows, rel=0.05)
     assert fitted.verify_seconds(14, 10) - fitted.verify_seconds(4, 10) == pytest.approx(0.04, rel=0.15)
+
+
+# --- the passes the target reports --------------------------------------------------------------
+
+
+def _pass(serial: int, sequences: int, rows: int, seconds: float, prefill: bool = False) -> VerifyPass:
+    return VerifyPass(serial=serial, prefill=prefill, sequences=sequences, rows=rows, produced=2 * sequences,
+                      context=100.0, seconds=seconds)
+
+
+def test_a_pass_the_target_reports_is_what_prices_rows_and_load():
+    batch = CostModel(5).batch
+    assert batch is not None
+    batch.bind_active_sequences(lambda: 8)
+    batch.observe_pass(_pass(1, 8, 8, 0.9, prefill=True))  # prompts: counted, priced nowhere
+    assert batch.load() is None and not batch.rows.observed() and batch.as_dict()["prefill_calls"] == 1
+    for serial in range(2, 40):
+        rows = 8 * (1 + serial % 4)
+        batch.observe_pass(_pass(serial, 8, rows, 0.02 + 0.003 * rows))
+    load = batch.load()
+    assert load is not None and load.others == pytest.approx(7.0)
+    assert batch.rows.verify_seconds(32, 100) == pytest.approx(0.02 + 0.003 * 32, rel=0.02)
+
+
+class MergingTarget:
+    """What the reference target behind Triton's batcher does to a gatherer's groups: groups
+    that queued while a pass ran are verified together in the next pass, which takes
+    base + per_row * (its rows), and each answer names that pass. Here every call is one
+    pass with the group of another caller already in it (``company`` rows)."""
+
+    def __init__(self, base: float, per_row: float, company: int):
+        self.base, self.per_row, self.company = base, per_row, company
+        self.inner = MockEngine(vocab_size=50, eos_id=0, max_context=4096)
+        self.vocab_size, self.max_context, self.eos_id = 50, 4096, 0
+        self.provides_hidden_states = False
+        self.serial = 0
+
+    def verify(self, requests):
+        self.serial += 1
+        rows = self.company + sum(1 + len(r.draft_ids) for r in requests)
+        verified = VerifyPass(serial=self.serial, prefill=False, sequences=self.company + len(requests), rows=rows,
+                              produced=rows, context=100.0, seconds=self.base + self.per_row * rows)
+        results: list[VerifyResult] = self.inner.verify(requests)
+        for r in results:
+            r.verified_in = verified
+        return results
+
+
+def test_the_gatherer_reports_each_pass_once_whatever_groups_shared_it():
+    target = MergingTarget(0.02, 0.004, company=6)
+    model = CostModel(5)
+    assert model.batch is not None
+    seen: list[VerifyPass] = []
+    real = model.batch.observe_pass
+    model.batch.observe_pass = lambda p: (seen.append(p), real(p))  # type: ignore[method-assign]
+    gatherer = VerifyGatherer(target, window_s=0.0001, max_rows=8, active=lambda: 8)
+    gatherer.report_to(model.batch)
+    model.batch.bind_active_sequences(lambda: 8)
+    requests = [VerifyRequest(np.asarray([1, 2, 3 + i], np.int32), np.asarray([5] * i, np.int32)) for i in range(2)]
+    group = [_Slot(r) for r in requests]
+    gatherer._in_flight += 1
+    gatherer._send(group)
+    assert [p.serial for p in seen] == [1]  # two members, one pass
+    # a second group answered from the same pass (it queued behind the first) adds nothing
+    again = [_Slot(VerifyRequest(np.asarray([9, 9], np.int32)))]
+    again[0].result = target.inner.verify([again[0].request])[0]
+    again[0].result.verified_in = group[0].result.verified_in if group[0].result is not None else None
+    gatherer._report(again, 5.0)
+    assert len(seen) == 1
+    # the sequences the step really holds, not the group's two
+    load = model.batch.load()
+    assert load is not None and load.others == pytest.approx(7.0)
+
+
+def test_without_passes_a_call_that_queued_behind_another_is_left_out_of_the_row_fit():
+    batch = CostModel(5).batch
+    assert batch is not None
+    for _ in range(5):
+        batch.observe_call([2, 2], [100, 100], [2, 2], 5.0, [True, True], queued=True)  # waited a whole call
+    assert not batch.rows.observed() and batch.as_dict()["calls"] == 5
+    for _ in range(5):
+        batch.observe_call([2, 2], [100, 100], [2, 2], 0.05, [True, True])
+    assert batch.rows.observed() and batch.rows.verify_seconds(4, 100) == pytest.approx(0.05)
 
 
 # --- choices under load -------------------------------------------------------------------------

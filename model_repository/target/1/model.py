@@ -12,6 +12,7 @@ from banditspec.engine.prefill_split import ContinuationSplitter
 from banditspec.engine.reference import validate_request
 from banditspec.engine.target_metrics import VerifyBatchMetrics
 from banditspec.engine.tensor_codec import decode_requests, encode_results
+from banditspec.engine.verify_pass import PassTimer
 from banditspec.errors import BanditSpecValidationError
 from banditspec.metrics import TargetEngineMetrics, sample_engine, triton_family_factory
 from banditspec.serving.config import TargetModelConfig, model_parameters
@@ -41,6 +42,7 @@ class TritonPythonModel:
             factory = triton_family_factory(pb_utils)
             self.metrics = TargetEngineMetrics(factory, model=args.get("model_name", "target"), version=args.get("model_version", "1"))
         self.splitter = ContinuationSplitter()
+        self.passes = PassTimer()  # each answer says the pass it was verified in (the controller's batch cost)
         # batches > 1 seen from outside: nv_banditspec_target_verified_sequences / _verify_batches
         self.batch_metrics = VerifyBatchMetrics(
             triton_family_factory(pb_utils) if hasattr(pb_utils, "MetricFamily") else None,
@@ -75,7 +77,8 @@ class TritonPythonModel:
         # Decoding steps share one pass; new sequences (prefills) get their own, so that a
         # prompt does not pad every decoding sequence to its length.
         for group in self.splitter.split(rows):
-            self._verify(rows, group, results, owner, responses)
+            prefill = not self.splitter.is_continuation(rows[group[0]])
+            self._verify(rows, group, results, owner, responses, prefill)
         for i, count in enumerate(counts):
             if count and responses[i] is None:
                 mine = [r for r, o in zip(results, owner) if o == i]
@@ -86,11 +89,11 @@ class TritonPythonModel:
             self.metrics.update(sample_engine(self.engine))
         return responses
 
-    def _verify(self, rows, group, results, owner, responses):
+    def _verify(self, rows, group, results, owner, responses, prefill):
         """One engine call for ``rows[group]``; a failure answers each owning request with it."""
         batch = [rows[g] for g in group]
         try:
-            verified = self.engine.verify(batch)
+            verified = self.passes.verify(self.engine, batch, prefill=prefill)
         except BanditSpecValidationError as exc:
             for g in group:
                 responses[owner[g]] = _error(str(exc), pb_utils.TritonError.INVALID_ARG)

@@ -41,7 +41,10 @@ every sequence in it. ``CostModel.batch`` prices a batched call by its rows R (t
 fed by all its sequences) and their mean context, with the same surface as above (k
 becomes R): ``B(R, C)``. Until gathered calls have been observed, B is this model's own
 calibrated curve, extended over R by its line (a row costs the same whichever sequence
-feeds it); every gathered call refines it. A request whose step joins others feeding R_o
+feeds it); every pass the target reports (:meth:`BatchCost.observe_pass`: its rows, sequences
+and engine time, however many callers' groups the target's batcher merged into it) refines
+it, and so does, from a target that reports none, every gathered call that did not queue
+behind another. A request whose step joins others feeding R_o
 rows pays for feeding k itself
 
     T(k) = seconds(k, C) + B(R_o + k, C_call) - B(k, C)
@@ -62,6 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from banditspec.engine.contract import VerifyPass
 from banditspec.errors import BanditSpecValidationError
 
 CONTEXT_SCALE = 1000.0  # context enters the fit in thousands of tokens (conditioning)
@@ -472,29 +476,53 @@ class BatchCost:
         """Whether no other sequence is in flight."""
         return self._active() <= 1
 
+    def observe_pass(self, verified: VerifyPass) -> None:
+        """One pass of the target as it measured it (engine/verify_pass.py): the evidence
+        of choice, since a pass holds every sequence the target's batcher merged into it,
+        not only one caller's group."""
+        if verified.prefill:  # prompts, not rows of decoding steps: no share of the load
+            with self._lock:
+                self.prefill_calls += 1
+            return
+        if verified.sequences < 1 or verified.rows < 1:
+            return
+        n = verified.sequences
+        self._learn(n, verified.rows / n, verified.produced / n, verified.context)
+        if verified.seconds > 0:
+            self.rows.observe(verified.rows, verified.seconds, round(verified.context))
+
     def observe_call(self, fed: Sequence[int], contexts: Sequence[int], produced: Sequence[int],
-                     seconds: float, continues: Sequence[bool]) -> None:
-        """One batched call: per sequence, tokens ``fed`` (1 + draft), ``contexts`` (tokens
-        before them), tokens ``produced``, and whether it ``continues`` an earlier step. A
-        first step also prefills its prompt: such a call's time says nothing about rows
-        (left out of the fit), and the first step is no share of the load."""
+                     seconds: float, continues: Sequence[bool], queued: bool = False) -> None:
+        """One batched call, where the target does not report its passes: per sequence,
+        tokens ``fed`` (1 + draft), ``contexts`` (tokens before them), tokens ``produced``,
+        and whether it ``continues`` an earlier step. A first step also prefills its prompt:
+        such a call's time says nothing about rows (left out of the fit), and the first step
+        is no share of the load. A ``queued`` call was sent while another was at the target:
+        its time holds the wait for that one, so it is left out of the fit too."""
         if not fed or not seconds > 0:
             return
         steps = [i for i, c in enumerate(continues) if c]
-        with self._lock:
-            if len(steps) < len(fed):
+        if len(steps) < len(fed):
+            with self._lock:
                 self.prefill_calls += 1
-            if steps:
-                self._calls += 1
-                rate = max(LOAD_RATE, 1.0 / self._calls)
-                n = len(steps)
-                self._sequences += rate * (len(fed) - self._sequences)
-                self._rows += rate * (sum(fed[i] for i in steps) / n - self._rows)
-                self._tokens += rate * (sum(produced[i] for i in steps) / n - self._tokens)
-                self._context += rate * (sum(contexts[i] for i in steps) / n - self._context)
-        if len(steps) == len(fed):
+        if steps:
+            n = len(steps)
+            self._learn(len(fed), sum(fed[i] for i in steps) / n, sum(produced[i] for i in steps) / n,
+                        sum(contexts[i] for i in steps) / n)
+        if len(steps) == len(fed) and not queued:
             rows = sum(fed)
             self.rows.observe(rows, seconds, round(sum(k * c for k, c in zip(fed, contexts)) / rows))
+
+    def _learn(self, sequences: float, rows: float, tokens: float, context: float) -> None:
+        """A step's sequences, and per continuing sequence its rows, tokens and context, into
+        the decayed means."""
+        with self._lock:
+            self._calls += 1
+            rate = max(LOAD_RATE, 1.0 / self._calls)
+            self._sequences += rate * (sequences - self._sequences)
+            self._rows += rate * (rows - self._rows)
+            self._tokens += rate * (tokens - self._tokens)
+            self._context += rate * (context - self._context)
 
     def gathered(self) -> bool:
         """Whether a gathered call has been observed."""

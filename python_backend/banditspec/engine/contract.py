@@ -58,6 +58,31 @@ class VerifyRequest:
     bad_words: tuple[tuple[int, ...], ...] = ()
 
 
+@dataclass(frozen=True)
+class VerifyPass:
+    """The engine pass a sequence was verified in, as the target measured it (the reference
+    target reports it; a TensorRT-LLM target does not). Many callers' requests can share one
+    pass (Triton's batcher merges what queued while the target was busy), so the time a
+    caller waits for its answer says little about what a pass of R rows costs; this does.
+
+    serial:    the pass's number at the target (wraps; tells one pass from the next)
+    prefill:   the pass of new sequences (each prefills its prompt), not of decoding steps
+    sequences: sequences verified in the pass
+    rows:      tokens fed by all of them (each 1 + its draft)
+    produced:  tokens the pass yielded (accepted draft tokens + the target's own)
+    context:   the tokens before those fed, averaged over the rows fed
+    seconds:   the engine's time for the pass
+    """
+
+    serial: int
+    prefill: bool
+    sequences: int
+    rows: int
+    produced: int
+    context: float
+    seconds: float
+
+
 @dataclass
 class VerifyResult:
     """What the target decided for one :class:`VerifyRequest`.
@@ -76,11 +101,13 @@ class VerifyResult:
                    hidden_from .. len(input_ids)-1+num_accepted; row j is the state that produced
                    the token at position hidden_from + j + 1. So its LAST num_accepted + 1 rows
                    produced output_ids, and any leading rows produced input_ids[hidden_from+1:].
+    verified_in:   the pass it was verified in (:class:`VerifyPass`), where the target says
     """
 
     output_ids: np.ndarray
     num_accepted: int
     hidden_states: np.ndarray | None = None
+    verified_in: VerifyPass | None = None
 
 
 class Engine(Protocol):
@@ -122,4 +149,7 @@ REFERENCE_EXTRA_INPUTS: dict[str, tuple[str, list[int]]] = {
 REFERENCE_EXTRA_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "hidden_states": ("TYPE_FP32", [-1, -1]),
     "num_accepted_tokens": ("TYPE_INT32", [1]),
+    # per row, the pass it was verified in: VERIFY_PASS_FIELDS of a VerifyPass
+    "verify_pass": ("TYPE_FP64", [7]),
 }
+VERIFY_PASS_FIELDS = ("serial", "prefill", "sequences", "rows", "produced", "context", "seconds")

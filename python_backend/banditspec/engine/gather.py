@@ -16,11 +16,16 @@ drafting, and only for them:
   for the busy call's members instead ran slower than the batcher's delay at 8 streams;
   experiments/ab_verify_gather.sh compares the paths).
 
-Each group's call is timed and reported, with its rows, to the batch cost model
-(:class:`~banditspec.bandits.cost_model.BatchCost`, ``report_to``): what a call of R rows
-costs, and what the other sequences put into a step, is what the controller prices a
-request's draft by under load. A sequence's first step also prefills its prompt; the
-gatherer tells it from a continuation by remembering what each sequence sends next.
+What a pass of R rows costs, and what the other sequences put into a step, is what the
+controller prices a request's draft by under load (:class:`~banditspec.bandits.cost_model.BatchCost`,
+``report_to``). A step sent while a call is out is merged at the target with whatever else
+queued, so a group is not a pass and its wait is not a pass's cost: the reference target says,
+in every answer, the pass it verified the row in (:class:`~banditspec.engine.contract.VerifyPass`:
+its sequences, rows, context and engine time), and the gatherer reports each such pass once.
+From a target that does not say (TensorRT-LLM), each group's call is timed and reported with
+its rows, a call that queued behind another left out of the row fit; a sequence's first step
+also prefills its prompt, which the gatherer tells from a continuation by remembering what
+each sequence sends next.
 
 The group goes out through ``inner.verify`` (e.g. :class:`~banditspec.engine.tensor_codec.TensorEngine`
 with ``max_rows`` > 1: one request of N rows). If that call fails, each member is retried
@@ -38,18 +43,22 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from banditspec.engine.contract import Engine, VerifyRequest, VerifyResult
+from banditspec.engine.contract import Engine, VerifyPass, VerifyRequest, VerifyResult
 
 log = logging.getLogger(__name__)
 
 
 class CallObserver(Protocol):
     def observe_call(self, fed: Sequence[int], contexts: Sequence[int], produced: Sequence[int],
-                     seconds: float, continues: Sequence[bool]) -> None: ...
+                     seconds: float, continues: Sequence[bool], queued: bool = False) -> None: ...
+
+    def observe_pass(self, verified: VerifyPass) -> None: ...
 
 
 # Sequences whose next step the gatherer remembers (a continuation's key; bounded).
 REMEMBERED_SEQUENCES = 4096
+# Target passes already reported (several groups can share one pass; bounded).
+REMEMBERED_PASSES = 64
 
 
 def _key(ids: np.ndarray) -> int:
@@ -57,7 +66,7 @@ def _key(ids: np.ndarray) -> int:
 
 
 class _Slot:
-    __slots__ = ("request", "result", "error", "sent", "done")
+    __slots__ = ("request", "result", "error", "sent", "done", "queued")
 
     def __init__(self, request: VerifyRequest):
         self.request = request
@@ -65,6 +74,7 @@ class _Slot:
         self.error: BaseException | None = None
         self.sent = False  # in a group on its way to the target
         self.done = False
+        self.queued = False  # (a group's first slot) sent while another call was at the target
 
 
 class VerifyGatherer:
@@ -97,6 +107,7 @@ class VerifyGatherer:
         self.rows = 0  # sequences they carried
         self._observer: CallObserver | None = None
         self._expected: OrderedDict[int, None] = OrderedDict()  # keys of the steps sequences will send next
+        self._reported: OrderedDict[int, None] = OrderedDict()  # serials of the target passes reported
 
     def report_to(self, observer: CallObserver) -> None:
         """Report every call sent to ``observer`` (the batch cost model)."""
@@ -141,6 +152,7 @@ class VerifyGatherer:
                 group = [slot] + [s for s in self._waiting if s is not slot][: self._max_rows - 1]
                 for s in group:
                     s.sent = True
+                slot.queued = self._in_flight > 0
                 self._waiting = [s for s in self._waiting if not s.sent]
                 if self._waiting:
                     self._first_wait = now
@@ -150,7 +162,24 @@ class VerifyGatherer:
         return None
 
     def _report(self, group: list[_Slot], seconds: float) -> None:
-        """The call's rows to the observer; remembers what each sequence sends next."""
+        """The passes the group was verified in, as the target measured them, to the observer;
+        from a target that does not say (TensorRT-LLM), the call's rows and its time, which
+        holds the wait behind the call that was at the target when it was sent (``queued``)."""
+        assert self._observer is not None
+        passes = [s.result.verified_in if s.result is not None else None for s in group]
+        if all(p is not None for p in passes):
+            fresh: list[VerifyPass] = []
+            with self._cond:
+                for p in passes:
+                    assert p is not None
+                    if p.serial not in self._reported:
+                        self._reported[p.serial] = None
+                        fresh.append(p)
+                while len(self._reported) > REMEMBERED_PASSES:
+                    self._reported.popitem(last=False)
+            for p in fresh:
+                self._observer.observe_pass(p)
+            return
         fed, contexts, produced, continues = [], [], [], []
         with self._cond:
             for s in group:
@@ -163,8 +192,7 @@ class VerifyGatherer:
                 self._expected[_key(np.concatenate([ids.astype(np.int32), output]))] = None
             while len(self._expected) > REMEMBERED_SEQUENCES:
                 self._expected.popitem(last=False)
-        assert self._observer is not None
-        self._observer.observe_call(fed, contexts, produced, seconds, continues)
+        self._observer.observe_call(fed, contexts, produced, seconds, continues, queued=group[0].queued)
 
     def _send(self, group: list[_Slot]) -> None:
         timed: float | None = None  # the group's call, when it went through as one

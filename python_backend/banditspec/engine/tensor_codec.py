@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from banditspec.engine.bad_words import from_word_list, to_word_list
-from banditspec.engine.contract import VerifyRequest, VerifyResult
+from banditspec.engine.contract import VERIFY_PASS_FIELDS, VerifyPass, VerifyRequest, VerifyResult
 from banditspec.engine.trtllm import TRTLLM_PERF_OUTPUTS, TrtllmVerifyResult, step_seed
 from banditspec.errors import BanditSpecValidationError, EngineError
 
@@ -259,7 +259,24 @@ def encode_results(results: Sequence[VerifyResult]) -> Tensors:
             if s is not None:
                 hidden[i, : s.shape[0]] = s
         tensors["hidden_states"] = hidden
+    passes = [r.verified_in for r in results]
+    if all(p is not None for p in passes):
+        tensors["verify_pass"] = np.array([[float(getattr(p, f)) for f in VERIFY_PASS_FIELDS] for p in passes],
+                                          dtype=np.float64)
     return tensors
+
+
+def _verify_pass(value: np.ndarray | None) -> VerifyPass | None:
+    """A row of ``verify_pass`` (VERIFY_PASS_FIELDS) as a VerifyPass; None when absent or
+    malformed (the pass only informs the cost model; it never fails a result)."""
+    if value is None:
+        return None
+    row = np.asarray(value, dtype=np.float64).reshape(-1)
+    if row.size != len(VERIFY_PASS_FIELDS) or not np.all(np.isfinite(row)):
+        return None
+    serial, prefill, sequences, rows, produced, context, seconds = row.tolist()
+    return VerifyPass(serial=int(serial), prefill=bool(prefill), sequences=int(sequences), rows=int(rows),
+                      produced=int(produced), context=float(context), seconds=float(seconds))
 
 
 def encode_result(result: VerifyResult) -> Tensors:
@@ -269,13 +286,18 @@ def encode_result(result: VerifyResult) -> Tensors:
 def decode_results(tensors: Mapping[str, np.ndarray], reqs: Sequence[VerifyRequest]) -> list[VerifyResult]:
     """The controller's view of the answer to one call for ``reqs`` (:func:`decode_result` per row)."""
     if len(reqs) == 1:
-        return [decode_result(tensors, reqs[0].draft_ids)]
+        (result,) = [decode_result(tensors, reqs[0].draft_ids)]
+        result.verified_in = _verify_pass(tensors.get("verify_pass"))
+        return [result]
     n = len(reqs)
     output_ids = np.asarray(tensors["output_ids"])
     if output_ids.shape[0] != n:
         raise EngineError(f"the target answered {output_ids.shape[0]} sequences for {n}")
     lengths = np.asarray(tensors.get("sequence_length", np.full(n, output_ids[0].size))).reshape(n, -1)
     hidden = tensors.get("hidden_states")
+    passes = tensors.get("verify_pass")
+    if passes is not None and np.asarray(passes).size != n * len(VERIFY_PASS_FIELDS):
+        passes = None
     results = []
     for i, req in enumerate(reqs):
         row: Tensors = {"output_ids": output_ids[i], "sequence_length": lengths[i]}
@@ -289,6 +311,8 @@ def decode_results(tensors: Mapping[str, np.ndarray], reqs: Sequence[VerifyReque
             if count > states.shape[0]:
                 raise EngineError(f"the target returned {states.shape[0]} hidden states for sequence {i}, {count} expected")
             result.hidden_states = states[:count]
+        if passes is not None:
+            result.verified_in = _verify_pass(np.asarray(passes).reshape(n, -1)[i])
         results.append(result)
     return results
 
@@ -373,14 +397,18 @@ class TensorEngine:
         provides_hidden_states: bool = False,
         tensorrtllm: bool = False,
         max_rows: int = 1,
+        reports_passes: bool = False,
     ):
         """tensorrtllm: the target is a TensorRT-LLM engine (real sampling inputs, per-step
         seed, per-request KV-cache figures; see :mod:`banditspec.engine.trtllm`); it takes
         one sequence a request. max_rows: most sequences one call may carry (the reference
-        target's ``max_batch_size``); 1: a call per sequence."""
+        target's ``max_batch_size``); 1: a call per sequence. reports_passes: the target
+        answers ``verify_pass`` (the reference target: each result's
+        :class:`~banditspec.engine.contract.VerifyPass`)."""
         self._infer = infer
         self.tensorrtllm = tensorrtllm
         self.max_rows = 1 if tensorrtllm else max(1, int(max_rows))
+        self.reports_passes = reports_passes and not tensorrtllm
         self._lock = threading.Lock()
         # Running totals of the engine's per-request KV-cache figures (TensorRT-LLM only).
         self.verify_calls = 0
@@ -415,6 +443,8 @@ class TensorEngine:
             outputs.append("hidden_states")
         if self.tensorrtllm:
             outputs += list(TRTLLM_PERF_OUTPUTS)
+        if self.reports_passes:
+            outputs.append("verify_pass")
         tensors = encode_requests(reqs, with_reference_extras=self.provides_hidden_states, tensorrtllm=self.tensorrtllm)
         answer = self._infer(self.model_name, tensors, outputs)
         if "output_ids" not in answer:

@@ -72,6 +72,7 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
         provides_hidden_states="eagle" in drafters,  # what the eagle arm drafts from
         tensorrtllm=not reference,  # real sampling inputs, per-step seed, KV-reuse figures
         max_rows=config.verify_max_rows,  # a TensorRT-LLM target takes one sequence a request
+        reports_passes=reference,  # what each batched pass cost: BatchCost's evidence under load
     )
     # The reference target verifies concurrent sequences' steps as one request (the
     # controller gathers them; TensorRT-LLM batches in flight on its own).

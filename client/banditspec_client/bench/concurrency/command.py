@@ -315,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
             if "openai" in transports:
                 openai_process, urls["openai"] = start_openai(server.grpc_url, args.model,
                                                               cache_dir() / "bench-load-openai.log")
-            blocks = asyncio.run(_sweep(args, levels, methods, transports, prompts, urls, opts_for))
+            blocks = asyncio.run(_sweep(args, levels, methods, transports, prompts, urls, opts_for,
+                                        metrics_port=server.metrics_port))
     finally:
         if openai_process is not None:
             openai_process.terminate()
@@ -342,7 +343,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _sweep(args: argparse.Namespace, levels: list[int], methods: list[LoadMethod], transports: list[str],
-                 prompts: list[str], urls: dict[str, str], opts_for: dict[str, GenerationOptions]) -> list[BlockResult]:
+                 prompts: list[str], urls: dict[str, str], opts_for: dict[str, GenerationOptions],
+                 metrics_port: int | None = None) -> list[BlockResult]:
     from tqdm import tqdm
 
     clients: dict[str, Client] = {}  # by transport, and by "triton:<model>" for each controller model
@@ -382,11 +384,13 @@ async def _sweep(args: argparse.Namespace, levels: list[int], methods: list[Load
             for transport in transports:
                 for method in rotated(methods, li):
                     bar.set_description(f"{level} streams, {transport}, {method.name}")
+                    before = _target_batches(metrics_port)
                     block = await run_block(
                         client_for(transport, method), transport=transport, method=method.name, prompts=prompts,
                         prompt_indices=level_indices, concurrency=level, requests_per_stream=_per_stream(args, level),
                         opts=opts_for[method.name], request_timeout_s=args.request_timeout_s,
                         on_request=lambda _: bar.update(1))
+                    block.target_batches = _batches_between(before, _target_batches(metrics_port))
                     blocks.append(block)
                     row = block.summary()
                     bar.write(f"{level:>3} streams {transport:>6} {method.name:>10}: {row['output_tokens_per_s']:8.1f} tok/s"
@@ -397,6 +401,29 @@ async def _sweep(args: argparse.Namespace, levels: list[int], methods: list[Load
         for client in clients.values():
             await client.close()
     return blocks
+
+
+def _target_batches(metrics_port: int | None) -> tuple[float, float] | None:
+    """(engine calls, sequences verified) by every target model so far, from the metrics port;
+    None without one or when it does not answer (the sweep never stops for it)."""
+    if metrics_port is None:
+        return None
+    from banditspec_client.prometheus_text import metric_total, scrape_metrics
+
+    try:
+        series = scrape_metrics(metrics_port)
+    except OSError:
+        return None
+    return (metric_total(series, "nv_banditspec_target_verify_batches"),
+            metric_total(series, "nv_banditspec_target_verified_sequences"))
+
+
+def _batches_between(before: tuple[float, float] | None, after: tuple[float, float] | None) -> dict[str, float] | None:
+    """The target's engine calls over a block and the sequences they carried on average."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    calls, sequences = after[0] - before[0], after[1] - before[1]
+    return {"engine_calls": calls, "sequences_per_call": round(sequences / calls, 3)}
 
 
 def _per_stream(args: argparse.Namespace, level: int) -> int:

@@ -46,6 +46,9 @@ class RequestOutcome:
     text: str = ""
     error: str | None = None
     drafted_per_step: float | None = None
+    # the controller's view of the batched step when the request ended (costaware's
+    # BatchCost summary from speculation_stats: sequences per call, rows, the row-cost fit)
+    batch_view: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,6 +73,8 @@ class BlockResult:
     wall_s: float
     generator_cpu_s: float
     outcomes: list[RequestOutcome] = field(default_factory=list)
+    # the target's engine calls over the block and their mean sequences (its metrics port)
+    target_batches: dict[str, float] | None = None
 
     @property
     def failed(self) -> list[RequestOutcome]:
@@ -100,6 +105,9 @@ class BlockResult:
             "latency_p50_s": percentile(latency, 50),
             "latency_p99_s": percentile(latency, 99),
             "drafted_per_step": round(float(np.mean(drafted)), 3) if drafted else None,
+            "target_batches": self.target_batches,
+            "batch_view": next((o.batch_view for o in sorted(done, key=lambda o: o.started + o.latency_s, reverse=True)
+                                if o.batch_view is not None), None),
             "generator_cpu_s": round(self.generator_cpu_s, 3),
             "generator_cpu_share": round(self.generator_cpu_s / self.wall_s, 4) if self.wall_s > 0 else 0.0,
         }
@@ -250,6 +258,8 @@ def _take_stats(outcome: RequestOutcome, stats: dict) -> None:
     outcome.output_tokens = int(stats.get("generated_tokens", outcome.output_tokens))
     drafted = stats.get("drafted") or []
     outcome.drafted_per_step = float(np.mean(drafted)) if drafted else 0.0
+    batch = ((stats.get("controller") or {}).get("cost_model") or {}).get("batch")
+    outcome.batch_view = batch if isinstance(batch, dict) else None
 
 
 async def run_block(client: Client, *, transport: str, method: str, prompts: Sequence[str], prompt_indices: Sequence[int],
