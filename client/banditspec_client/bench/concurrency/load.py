@@ -49,6 +49,9 @@ class RequestOutcome:
     # the controller's view of the batched step when the request ended (costaware's
     # BatchCost summary from speculation_stats: sequences per call, rows, the row-cost fit)
     batch_view: dict[str, Any] | None = None
+    per_arm: dict[str, dict[str, int]] | None = None  # speculation_stats' pulls, drafted, accepted per arm
+    step_ms: float = 0.0  # the request's steps: all of it, and the target calls within it
+    verify_ms: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -88,6 +91,17 @@ class BlockResult:
         itl = [o.itl_s for o in done if o.itl_s is not None]
         latency = [o.latency_s for o in done]
         drafted = [o.drafted_per_step for o in done if o.drafted_per_step is not None]
+        arms: dict[str, dict[str, int]] = {}
+        for o in done:
+            for arm, entry in (o.per_arm or {}).items():
+                total = arms.setdefault(arm, {"pulls": 0, "drafted": 0, "accepted": 0})
+                for key in total:
+                    total[key] += int(entry.get(key, 0))
+        steps = sum(sum(a["pulls"] for a in (o.per_arm or {}).values()) for o in done)
+        # the view of the request that ended nearest the block's middle: the last one ends
+        # when the other streams have gone, and the view's decayed means say "alone" by then
+        ends = sorted((o.started + o.latency_s, i) for i, o in enumerate(done) if o.batch_view is not None)
+        view = done[ends[len(ends) // 2][1]].batch_view if ends else None
         return {
             "transport": self.transport,
             "method": self.method,
@@ -106,8 +120,12 @@ class BlockResult:
             "latency_p99_s": percentile(latency, 99),
             "drafted_per_step": round(float(np.mean(drafted)), 3) if drafted else None,
             "target_batches": self.target_batches,
-            "batch_view": next((o.batch_view for o in sorted(done, key=lambda o: o.started + o.latency_s, reverse=True)
-                                if o.batch_view is not None), None),
+            "batch_view": view,
+            "per_arm": arms,
+            # per step: the controller's own milliseconds (drafting, choosing, waiting to be
+            # gathered) and the target call's (its queue and pass)
+            "own_ms_per_step": round(sum(o.step_ms - o.verify_ms for o in done) / steps, 3) if steps else None,
+            "verify_ms_per_step": round(sum(o.verify_ms for o in done) / steps, 3) if steps else None,
             "generator_cpu_s": round(self.generator_cpu_s, 3),
             "generator_cpu_share": round(self.generator_cpu_s / self.wall_s, 4) if self.wall_s > 0 else 0.0,
         }
@@ -260,6 +278,10 @@ def _take_stats(outcome: RequestOutcome, stats: dict) -> None:
     outcome.drafted_per_step = float(np.mean(drafted)) if drafted else 0.0
     batch = ((stats.get("controller") or {}).get("cost_model") or {}).get("batch")
     outcome.batch_view = batch if isinstance(batch, dict) else None
+    per_arm = stats.get("per_arm")
+    outcome.per_arm = per_arm if isinstance(per_arm, dict) else None
+    outcome.step_ms = float(sum(stats.get("step_ms") or ()))
+    outcome.verify_ms = float(sum(stats.get("verify_ms") or ()))
 
 
 async def run_block(client: Client, *, transport: str, method: str, prompts: Sequence[str], prompt_indices: Sequence[int],
