@@ -76,8 +76,7 @@ class TritonPythonModel:
         results = [None] * len(rows)
         # Decoding steps share one pass; new sequences (prefills) get their own, so that a
         # prompt does not pad every decoding sequence to its length.
-        for group in self.splitter.split(rows):
-            prefill = not self.splitter.is_continuation(rows[group[0]])
+        for prefill, group in self.splitter.passes(rows):
             self._verify(rows, group, results, owner, responses, prefill)
         for i, count in enumerate(counts):
             if count and responses[i] is None:

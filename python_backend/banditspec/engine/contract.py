@@ -18,7 +18,7 @@ cache with rollback), so the cost of a call grows with the new tokens only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
@@ -123,6 +123,9 @@ class Engine(Protocol):
     def verify(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]: ...
 
 
+# The order in which a VerifyPass travels as the target's `verify_pass` row: its fields'.
+VERIFY_PASS_FIELDS = tuple(f.name for f in fields(VerifyPass))
+
 # --- TensorRT-LLM `tensorrt_llm` model tensor contract (what BLS sends to `target`) ---
 # name -> (Triton dtype, dims); dims as in config.pbtxt (batch dim excluded, max_batch_size > 0).
 TARGET_INPUTS: dict[str, tuple[str, list[int]]] = {
@@ -150,6 +153,5 @@ REFERENCE_EXTRA_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "hidden_states": ("TYPE_FP32", [-1, -1]),
     "num_accepted_tokens": ("TYPE_INT32", [1]),
     # per row, the pass it was verified in: VERIFY_PASS_FIELDS of a VerifyPass
-    "verify_pass": ("TYPE_FP64", [7]),
+    "verify_pass": ("TYPE_FP64", [len(VERIFY_PASS_FIELDS)]),
 }
-VERIFY_PASS_FIELDS = ("serial", "prefill", "sequences", "rows", "produced", "context", "seconds")

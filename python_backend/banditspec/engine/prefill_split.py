@@ -53,11 +53,16 @@ class ContinuationSplitter:
     def split(self, requests: Sequence[VerifyRequest]) -> list[list[int]]:
         """Indices of ``requests`` in groups to verify separately: continuations first,
         then new sequences; empty groups left out."""
+        return [group for _, group in self.passes(requests)]
+
+    def passes(self, requests: Sequence[VerifyRequest]) -> list[tuple[bool, list[int]]]:
+        """:meth:`split`'s groups, each with whether it is the group of new sequences (a
+        prefill pass)."""
         continuing: list[int] = []
         fresh: list[int] = []
         for i, request in enumerate(requests):
             (continuing if self.is_continuation(request) else fresh).append(i)
-        return [group for group in (continuing, fresh) if group]
+        return [(prefill, group) for prefill, group in ((False, continuing), (True, fresh)) if group]
 
     def observe(self, request: VerifyRequest, result: VerifyResult) -> None:
         """Remember what ``request``'s sequence will look like at its next step."""
