@@ -50,7 +50,13 @@ rows pays for feeding k itself
     T(k) = seconds(k, C) + B(R_o + k, C_call) - B(k, C)
 
 (its own round as alone, plus what the others' rows add given its own): T(k) - T(1) is
-the marginal cost of its rows in the current batch. The controller maximises the call's
+the marginal cost of its rows in the current batch. A target that reports what it padded
+(the reference target: every sequence's rows to the longest, its K/V to the deepest context)
+is priced by the fit of its padded passes instead (bandits/pass_cost.py): B(R_o + k) becomes
+the pass of the others and this sequence, padded to max(N_o, k) rows each, N_o the most one
+of the others feeds; a sum of rows cannot see that a draft no longer than N_o is free and
+that each token beyond it costs a row for every sequence. There the controller maximises
+E / T(k), as if the others drafted as it does (bandits/costaware.py says why). The controller maximises the call's
 goodput (E_o + E) / T(k), E_o the tokens the others yield (bandits/costaware.py). With
 no other sequence in flight ``load()`` is None and the single-sequence model decides
 alone, as it does in a process without a gatherer.
@@ -65,6 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from banditspec.bandits.pass_cost import PassCost, PassShape
 from banditspec.engine.contract import VerifyPass
 from banditspec.errors import BanditSpecValidationError
 
@@ -438,6 +445,10 @@ class BatchLoad:
     rows: float
     tokens: float
     context: float
+    # from a target that reports its passes (else 0): the most tokens one of the others
+    # feeds, and the deepest context in the pass (a padded pass computes both for everyone)
+    longest: float = 0.0
+    deepest: float = 0.0
 
 
 # How fast the load averages follow the gathered calls (per call).
@@ -467,6 +478,12 @@ class BatchCost:
         self._rows = 0.0
         self._tokens = 0.0
         self._context = 0.0
+        # from reported passes of two or more sequences: decayed means of the most tokens one of
+        # a sequence's others fed, and of the pass's deepest context
+        self._passes_shared = 0
+        self._longest = 0.0
+        self._deepest = 0.0
+        self.passes = PassCost()
         self.prefill_calls = 0
 
     def bind_active_sequences(self, active: Callable[[], int]) -> None:
@@ -490,6 +507,18 @@ class BatchCost:
         self._learn(n, verified.rows / n, verified.produced / n, verified.context)
         if verified.seconds > 0:
             self.rows.observe(verified.rows, verified.seconds, round(verified.context))
+        if verified.longest < 1:  # a target that does not say what it padded
+            return
+        self.passes.observe(PassShape(n, verified.longest, verified.deepest), verified.seconds)
+        if n >= 2:
+            # what its others fed at most, averaged over the pass's sequences: the longest
+            # for all but the one that fed it, the runner-up for that one
+            others_longest = ((n - 1) * verified.longest + verified.runner_up) / n
+            with self._lock:
+                self._passes_shared += 1
+                rate = max(LOAD_RATE, 1.0 / self._passes_shared)
+                self._longest += rate * (others_longest - self._longest)
+                self._deepest += rate * (verified.deepest - self._deepest)
 
     def observe_call(self, fed: Sequence[int], contexts: Sequence[int], produced: Sequence[int],
                      seconds: float, continues: Sequence[bool], queued: bool = False) -> None:
@@ -539,12 +568,15 @@ class BatchCost:
             others = min(float(active), self._sequences) - 1.0
             if not self._calls or others <= 0.0:
                 return None
-            return BatchLoad(others, others * self._rows, others * self._tokens, self._context)
+            longest, deepest = (self._longest, self._deepest) if self._passes_shared else (0.0, 0.0)
+            return BatchLoad(others, others * self._rows, others * self._tokens, self._context, longest, deepest)
 
     def step_seconds(self, context: int | None, load: BatchLoad) -> list[float]:
         """T(k), k = 0..max_tokens (index 0 unused): seconds of a step feeding k tokens after
         ``context`` while the others feed ``load`` (module docstring); non-decreasing in k."""
         own = self.single.curve_list(context)
+        if self.padded(load):
+            return self._padded_step_seconds(own, 0 if context is None else int(context), load)
         if self.rows.observed():
             c = 0 if context is None else int(context)
             call = (load.rows * load.context + c) / (load.rows + 1.0)  # the call's mean context
@@ -556,6 +588,26 @@ class BatchCost:
         for k in range(1, len(own)):
             extra = _row_cost(joined, load.rows + k) - _row_cost(alone, float(k))
             out.append(max(out[-1], own[k] + max(0.0, extra)))
+        return out
+
+    def padded(self, load: BatchLoad) -> bool:
+        """Whether ``load`` is priced by the fit of padded passes (the target reports them
+        and the fit is ready)."""
+        return load.longest >= 1 and self.passes.ready()
+
+    def _padded_step_seconds(self, own: list[float], context: int, load: BatchLoad) -> list[float]:
+        """step_seconds from the fit of padded passes (bandits/pass_cost.py): the pass this
+        step joins, with the others' sequences, their longest run and their deepest context,
+        less what a pass of this sequence alone would cost, on top of the lone curve. Rows up
+        to the others' longest are padding the pass computes anyway: drafting into them adds
+        nothing; each token beyond it adds a padded row for every sequence in the pass."""
+        sequences = load.others + 1.0
+        deepest = max(load.deepest, float(context))
+        out = [own[0]]
+        for k in range(1, len(own)):
+            joined = self.passes.seconds(PassShape(sequences, max(load.longest, float(k)), deepest))
+            alone = self.passes.seconds(PassShape(1.0, float(k), float(context)))
+            out.append(max(out[-1], own[k] + max(0.0, joined - alone)))
         return out
 
     def as_dict(self) -> dict:
@@ -570,6 +622,10 @@ class BatchCost:
             summary["verify_ms_by_rows"] = fit["verify_ms"][:top]
             summary["observations_by_rows"] = fit["observations"][:top]
         summary["others_now"] = None if load is None else round(load.others, 3)
+        if load is not None and load.longest:
+            summary["others_longest"] = round(load.longest, 3)
+            summary["deepest"] = round(load.deepest, 1)
+        summary["pass_fit"] = self.passes.as_dict()
         return summary
 
 
