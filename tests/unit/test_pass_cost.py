@@ -74,64 +74,72 @@ def padded_model(**costs) -> CostModel:
             fed = [longest] + [1] * (n - 1)
             batch.observe_pass(VerifyPass(serial=serial, prefill=False, sequences=n, rows=sum(fed), produced=n,
                                           context=100.0, seconds=padded_seconds(PassShape(n, longest, 100), **costs),
-                                          longest=longest, deepest=100))
-    assert batch.padded()
+                                          longest=longest, runner_up=fed[1] if n > 1 else 0, deepest=100))
+    assert batch.passes.ready()
     return model
 
 
-def others(n: int) -> BatchLoad:
-    return BatchLoad(float(n), float(n), float(n), 100.0, deepest=100.0)
+def others(n: int, longest: float) -> BatchLoad:
+    return BatchLoad(float(n), float(n) * longest, float(n), 100.0, longest=longest, deepest=100.0)
 
 
-def drafting(model: CostModel, rate: float) -> CostAwarePolicy:
-    """A policy whose drafter ``d`` is accepted with probability ``rate`` at every position."""
+def test_rows_up_to_the_others_longest_are_free_and_each_one_beyond_costs_a_row_for_everyone():
+    model = padded_model()
+    batch = model.batch
+    assert batch is not None
+    loaded = batch.step_seconds(100, others(7, 4.0))
+    own = model.curve_list(100)
+    for k in range(1, 5):  # padding the pass computes anyway
+        assert loaded[k] == pytest.approx(loaded[1], abs=1e-4)
+    for k in range(5, 10):  # each token past the others' 4: a padded row for each of the 8
+        assert loaded[k] - loaded[k - 1] == pytest.approx(8 * 0.0008, rel=0.1)
+    assert loaded[1] > own[1] + 7 * 0.012 * 0.9  # the others' sequences are in the step
+
+
+def test_a_sequence_that_pays_little_for_rows_drafts_to_the_others_longest_under_load():
+    model = padded_model()
     policy = CostAwarePolicy(["d"], 8, model, None)
     rng = np.random.default_rng(1)
     for _ in range(400):
         accepted = 0
-        while accepted < 8 and rng.random() < rate:
+        while accepted < 8 and rng.random() < 0.5:
             accepted += 1
         policy.record("d", 0, 8, accepted, 9)
-    return policy
-
-
-def test_each_drafted_token_is_a_row_for_every_sequence_of_the_pass():
-    model = padded_model()
-    batch = model.batch
-    assert batch is not None
-    loaded = batch.step_seconds(100, others(7))
-    own = model.curve_list(100)
-    for k in range(2, 10):  # all 8 padded to k: each token one more row for each of them
-        assert loaded[k] - loaded[k - 1] == pytest.approx(8 * 0.0008, rel=0.1)
-    assert loaded[1] == pytest.approx(own[1] + 7 * (0.012 + 0.0008 + 0.004 * 0.1), rel=0.05)  # the others in it
-    assert not CostModel(9).batch.padded()  # type: ignore[union-attr]  # before any reported pass: summed rows
-
-
-def test_where_sequences_cost_more_than_rows_the_pass_drafts_together():
-    # each sequence is charged as if all drafted its length: E / T, not (E_o + E) / T, under
-    # which no sequence alone would lengthen a pass of 8 whose extra rows are cheap
-    model = padded_model()
-    policy = drafting(model, 0.7)
-    policy.price_load(others(7))
-    choice = policy.best([Candidate("d", 8)], 8, 100)
-    assert choice.gamma >= 3
-    assert choice.value == pytest.approx(choice.expected_tokens / choice.seconds)
-
-
-def test_a_poor_drafter_is_not_drafted_because_the_pass_is_long_anyway():
-    model = padded_model(s=0.004, r=0.006)
-    policy = drafting(model, 0.1)
-    policy.price_load(None)
-    alone = policy.best([Candidate("d", 8)], 8, 100).gamma
-    policy.price_load(others(7))
-    assert policy.best([Candidate("d", 8)], 8, 100).gamma == 0 <= alone
+    policy.price_load(others(7, 5.0))
+    padded = policy.best([Candidate("d", 8)], 8, 100).gamma
+    assert padded >= 4  # a 50 % drafter: free up to the others' 5 rows
+    policy.price_load(others(7, 1.0))  # the others decode plainly: every drafted token is a row for 8
+    assert policy.best([Candidate("d", 8)], 8, 100).gamma < padded
 
 
 def test_where_a_padded_row_is_dear_the_server_still_drafts_less_as_the_batch_grows():
     model = padded_model(s=0.002, r=0.01)
-    policy = drafting(model, 0.7)
+    policy = CostAwarePolicy(["d"], 8, model, None)
+    rng = np.random.default_rng(1)
+    for _ in range(400):
+        accepted = 0
+        while accepted < 8 and rng.random() < 0.7:
+            accepted += 1
+        policy.record("d", 0, 8, accepted, 9)
     gammas = []
     for n in (0, 1, 3, 7):
-        policy.price_load(others(n) if n else None)
+        policy.price_load(others(n, 1.0) if n else None)
         gammas.append(policy.best([Candidate("d", 8)], 8, 100).gamma)
     assert gammas[0] >= 2 and all(a >= b for a, b in zip(gammas, gammas[1:])) and gammas[-1] <= 1
+
+
+def test_where_sequences_cost_more_than_rows_the_pass_drafts_together_even_when_the_others_draft_nothing():
+    # each sequence is charged as if all drafted its length: E / T, not (E_o + E) / T, under
+    # which no sequence alone would lengthen a pass of 8 whose extra rows are cheap
+    model = padded_model()
+    policy = CostAwarePolicy(["d"], 8, model, None)
+    rng = np.random.default_rng(2)
+    for _ in range(400):
+        accepted = 0
+        while accepted < 8 and rng.random() < 0.7:
+            accepted += 1
+        policy.record("d", 0, 8, accepted, 9)
+    policy.price_load(others(7, 1.0))
+    choice = policy.best([Candidate("d", 8)], 8, 100)
+    assert choice.gamma >= 3
+    assert choice.value == pytest.approx(choice.expected_tokens / choice.seconds)

@@ -36,7 +36,7 @@ def test_a_pass_is_described_by_what_it_verified_and_how_long_it_took():
     assert (facts.serial, facts.prefill, facts.sequences, facts.rows) == (1, False, 2, 4)
     assert facts.produced == sum(r.output_ids.size for r in results)
     assert facts.context == (3 * 3 + 1 * 7) / 4  # by rows fed
-    assert (facts.longest, facts.deepest) == (3, 7)  # what a padded pass computes
+    assert (facts.longest, facts.runner_up, facts.deepest) == (3, 1, 7)  # what a padded pass computes
     assert facts.seconds == 0.125
     assert timer.verify(engine, batch[:1], prefill=True)[0].verified_in.serial == 2  # type: ignore[union-attr]
 
@@ -60,7 +60,7 @@ def test_the_pass_travels_with_each_row_and_only_when_asked_for():
     assert len(passes) == 3 and {r.verified_in.serial for r in got} == {1}  # type: ignore[union-attr]
     assert all(r.verified_in == VerifyPass(serial=1, prefill=False, sequences=3, rows=6, produced=6,  # type: ignore[union-attr]
                                            context=r.verified_in.context, seconds=r.verified_in.seconds,
-                                           longest=2, deepest=3) for r in got)
+                                           longest=2, runner_up=2, deepest=3) for r in got)
     one = engine.verify(reqs[:1])[0]
     assert one.verified_in is not None and one.verified_in.sequences == 1
     silent = TensorEngine(infer, vocab_size=50, max_context=512, eos_id=0, max_rows=4)

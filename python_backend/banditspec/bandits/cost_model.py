@@ -53,11 +53,10 @@ rows pays for feeding k itself
 the marginal cost of its rows in the current batch. A target that reports what it padded
 (the reference target: every sequence's rows to the longest, its K/V to the deepest context)
 is priced by the fit of its padded passes instead (bandits/pass_cost.py): B(R_o + k) becomes
-the pass of the others' sequences and this one, all padded to k rows and to the deepest
-context, and the controller maximises E / T(k): the draft length is the pass's, chosen as if
-every sequence drafted as this one does (bandits/costaware.py says why). A sum of rows cannot
-see that a row costs little beside a sequence (a row's share of a pass of many sequences
-looked as dear as a sequence, and every draft looked too costly to make). The controller maximises the call's
+the pass of the others and this sequence, padded to max(N_o, k) rows each, N_o the most one
+of the others feeds; a sum of rows cannot see that a draft no longer than N_o is free and
+that each token beyond it costs a row for every sequence. There the controller maximises
+E / T(k), as if the others drafted as it does (bandits/costaware.py says why). The controller maximises the call's
 goodput (E_o + E) / T(k), E_o the tokens the others yield (bandits/costaware.py). With
 no other sequence in flight ``load()`` is None and the single-sequence model decides
 alone, as it does in a process without a gatherer.
@@ -446,8 +445,9 @@ class BatchLoad:
     rows: float
     tokens: float
     context: float
-    # from a target that reports its passes (else 0): the deepest context in the pass (a
-    # padded pass attends over it for every sequence)
+    # from a target that reports its passes (else 0): the most tokens one of the others
+    # feeds, and the deepest context in the pass (a padded pass computes both for everyone)
+    longest: float = 0.0
     deepest: float = 0.0
 
 
@@ -478,8 +478,10 @@ class BatchCost:
         self._rows = 0.0
         self._tokens = 0.0
         self._context = 0.0
-        # from reported passes of two or more sequences: the decayed mean of their deepest context
+        # from reported passes of two or more sequences: decayed means of the most tokens one of
+        # a sequence's others fed, and of the pass's deepest context
         self._passes_shared = 0
+        self._longest = 0.0
         self._deepest = 0.0
         self.passes = PassCost()
         self.prefill_calls = 0
@@ -509,9 +511,13 @@ class BatchCost:
             return
         self.passes.observe(PassShape(n, verified.longest, verified.deepest), verified.seconds)
         if n >= 2:
+            # what its others fed at most, averaged over the pass's sequences: the longest
+            # for all but the one that fed it, the runner-up for that one
+            others_longest = ((n - 1) * verified.longest + verified.runner_up) / n
             with self._lock:
                 self._passes_shared += 1
                 rate = max(LOAD_RATE, 1.0 / self._passes_shared)
+                self._longest += rate * (others_longest - self._longest)
                 self._deepest += rate * (verified.deepest - self._deepest)
 
     def observe_call(self, fed: Sequence[int], contexts: Sequence[int], produced: Sequence[int],
@@ -562,14 +568,14 @@ class BatchCost:
             others = min(float(active), self._sequences) - 1.0
             if not self._calls or others <= 0.0:
                 return None
-            deepest = self._deepest if self._passes_shared else 0.0
-            return BatchLoad(others, others * self._rows, others * self._tokens, self._context, deepest)
+            longest, deepest = (self._longest, self._deepest) if self._passes_shared else (0.0, 0.0)
+            return BatchLoad(others, others * self._rows, others * self._tokens, self._context, longest, deepest)
 
     def step_seconds(self, context: int | None, load: BatchLoad) -> list[float]:
         """T(k), k = 0..max_tokens (index 0 unused): seconds of a step feeding k tokens after
         ``context`` while the others feed ``load`` (module docstring); non-decreasing in k."""
         own = self.single.curve_list(context)
-        if self.padded():
+        if self.padded(load):
             return self._padded_step_seconds(own, 0 if context is None else int(context), load)
         if self.rows.observed():
             c = 0 if context is None else int(context)
@@ -584,22 +590,22 @@ class BatchCost:
             out.append(max(out[-1], own[k] + max(0.0, extra)))
         return out
 
-    def padded(self) -> bool:
-        """Whether a load is priced by the fit of padded passes (the target reports them and
-        the fit is ready)."""
-        return self.passes.ready()
+    def padded(self, load: BatchLoad) -> bool:
+        """Whether ``load`` is priced by the fit of padded passes (the target reports them
+        and the fit is ready)."""
+        return load.longest >= 1 and self.passes.ready()
 
     def _padded_step_seconds(self, own: list[float], context: int, load: BatchLoad) -> list[float]:
-        """step_seconds from the fit of padded passes (bandits/pass_cost.py): the pass of the
-        others' sequences and this one, each padded to k rows and to the deepest context,
-        less what a pass of this sequence alone would cost, on top of the lone curve. The
-        others are taken to draft k too (the controller's E / T, bandits/costaware.py): each
-        token a sequence drafts is a row every sequence of the pass computes."""
+        """step_seconds from the fit of padded passes (bandits/pass_cost.py): the pass this
+        step joins, with the others' sequences, their longest run and their deepest context,
+        less what a pass of this sequence alone would cost, on top of the lone curve. Rows up
+        to the others' longest are padding the pass computes anyway: drafting into them adds
+        nothing; each token beyond it adds a padded row for every sequence in the pass."""
         sequences = load.others + 1.0
         deepest = max(load.deepest, float(context))
         out = [own[0]]
         for k in range(1, len(own)):
-            joined = self.passes.seconds(PassShape(sequences, float(k), deepest))
+            joined = self.passes.seconds(PassShape(sequences, max(load.longest, float(k)), deepest))
             alone = self.passes.seconds(PassShape(1.0, float(k), float(context)))
             out.append(max(out[-1], own[k] + max(0.0, joined - alone)))
         return out
@@ -616,7 +622,8 @@ class BatchCost:
             summary["verify_ms_by_rows"] = fit["verify_ms"][:top]
             summary["observations_by_rows"] = fit["observations"][:top]
         summary["others_now"] = None if load is None else round(load.others, 3)
-        if load is not None and load.deepest:
+        if load is not None and load.longest:
+            summary["others_longest"] = round(load.longest, 3)
             summary["deepest"] = round(load.deepest, 1)
         summary["pass_fit"] = self.passes.as_dict()
         return summary

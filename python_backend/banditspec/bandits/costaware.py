@@ -49,13 +49,13 @@ its rows add to everyone's step. When the step is compute-bound (T grows with ev
 a drafted token pays only if it is accepted more often than the step's tokens per row,
 so a saturated server drafts less and less, down to plain decoding. Where the target pads
 its passes (BatchCost.padded: every sequence computes the longest one's rows) the draft
-length is the pass's, not the sequence's, and each request chooses as if every sequence of
-the pass drafted as it does: E / T(k), T the pass with all of them padded to k. Taking the
-others as they are instead fails both ways: with E_o fixed, no sequence would lengthen a pass
-alone (its extra tokens are a small share of the pass's) though all of them together can
-gain; and with the others' longest taken as free, every sequence drafted to it whatever its
-acceptance, and the passes stayed long because everyone did (measured at 16 streams: a REST
-arm accepting 9 % of its tokens pulled for 4 tokens in a third of the rounds).
+length is the pass's, not the sequence's: a draft up to the others' longest is free, and one
+beyond it makes every sequence compute the extra rows. Each request then chooses as if the
+others drafted as it does, E / T: with E_o fixed, no sequence would ever lengthen the pass
+alone (its extra tokens are a small share of the pass's), though all of them lengthening it
+together can pay. Pricing the rows below the others' longest too (every sequence padded to k,
+whatever the others draft) made the passes shorter and the server slower at 4 and 16 streams
+(docs/benchmarks/concurrency.md): a draft into rows the pass computes anyway is a free chance.
 Alone, the choice is the single-sequence one above, unchanged.
 
 Decisions are a deterministic function of (statistics, cost-model snapshot): no RNG.
@@ -337,7 +337,7 @@ class CostAwarePolicy:
             if len(self._loaded) >= 16:
                 self._loaded = {}
             seconds = self._loaded[context] = batch.step_seconds(context, load)
-        return seconds, 0.0 if batch.padded() else load.tokens, True
+        return seconds, 0.0 if batch.padded(load) else load.tokens, True
 
     def _hazard(self, drafter: str, bucket: int | slice) -> np.ndarray:
         """P(token j accepted | 1..j-1 accepted) from this request's and the prior's counts,

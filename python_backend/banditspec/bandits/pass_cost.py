@@ -12,7 +12,8 @@ a: what any pass costs; s: what a sequence adds whatever it feeds (its state gat
 scattered, its rows' bookkeeping); r: a padded row (every sequence computes N rows, real or
 not); x: a cached position of the padded K/V, per sequence. A sum of the tokens fed (what a
 packed batch costs) cannot tell these apart: under load, rows and sequences grow together,
-and a row then looks as costly as a sequence, so every drafted token looks dear.
+and a row then looks as costly as a sequence, so every drafted token looks dear, while a
+draft no longer than the others' longest costs nothing at all.
 
 The fit is a least-squares fit over the last ``window`` passes with non-negative
 coefficients (the best of the fits over subsets of the terms whose coefficients all come out

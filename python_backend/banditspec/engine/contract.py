@@ -73,6 +73,8 @@ class VerifyPass:
     context:   the tokens before those fed, averaged over the rows fed
     seconds:   the engine's time for the pass
     longest:   the most tokens one sequence fed (a padded pass computes that many rows for each)
+    runner_up: the most one of the others fed (the second largest; 0 alone): what the
+               longest one's pass would have been padded to without it
     deepest:   the largest context of them (cached K/V are padded to it)
     """
 
@@ -84,6 +86,7 @@ class VerifyPass:
     context: float
     seconds: float
     longest: int = 0
+    runner_up: int = 0
     deepest: int = 0
 
 

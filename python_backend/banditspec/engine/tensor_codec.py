@@ -274,10 +274,10 @@ def _verify_pass(value: np.ndarray | None) -> VerifyPass | None:
     row = np.asarray(value, dtype=np.float64).reshape(-1)
     if row.size != len(VERIFY_PASS_FIELDS) or not np.all(np.isfinite(row)):
         return None
-    serial, prefill, sequences, rows, produced, context, seconds, longest, deepest = row.tolist()
+    serial, prefill, sequences, rows, produced, context, seconds, longest, runner_up, deepest = row.tolist()
     return VerifyPass(serial=int(serial), prefill=bool(prefill), sequences=int(sequences), rows=int(rows),
                       produced=int(produced), context=float(context), seconds=float(seconds),
-                      longest=int(longest), deepest=int(deepest))
+                      longest=int(longest), runner_up=int(runner_up), deepest=int(deepest))
 
 
 def encode_result(result: VerifyResult) -> Tensors:
