@@ -66,6 +66,7 @@ def padded_model(**costs) -> CostModel:
     model.calibrated = True
     batch = model.batch
     assert batch is not None
+    batch.pricing = "padded"
     batch.bind_active_sequences(lambda: 8)
     serial = 0
     for n in range(1, 9):
@@ -143,3 +144,24 @@ def test_where_sequences_cost_more_than_rows_the_pass_drafts_together_even_when_
     choice = policy.best([Candidate("d", 8)], 8, 100)
     assert choice.gamma >= 3
     assert choice.value == pytest.approx(choice.expected_tokens / choice.seconds)
+
+
+def test_the_default_prices_by_rows_while_the_fit_of_passes_still_learns():
+    model = padded_model()
+    batch = model.batch
+    assert batch is not None
+    load = others(7, 4.0)
+    assert batch.padded(load)
+    batch.pricing = "rows"
+    assert not batch.padded(load) and batch.passes.ready()  # learned, shown in the batch view, not priced
+    assert batch.as_dict()["pass_fit"]["ms"] is not None
+    assert CostModel(9).batch.pricing == "rows"  # type: ignore[union-attr]
+
+
+def test_the_server_parameter_names_itself_when_wrong():
+    from banditspec.serving.config import ServingConfig
+
+    assert ServingConfig.from_parameters({}).batch_pricing == "rows"
+    assert ServingConfig.from_parameters({"batch_pricing": " Padded "}).batch_pricing == "padded"
+    with pytest.raises(BanditSpecValidationError, match="batch_pricing"):
+        ServingConfig.from_parameters({"batch_pricing": "sums"})

@@ -451,6 +451,20 @@ class BatchLoad:
     deepest: float = 0.0
 
 
+# How a batched step is priced: by the tokens fed (summed rows; a TensorRT-LLM target's packed
+# batches, and the default) or, where the target reports its padded passes, by the fit of those
+# (bandits/pass_cost.py).
+BATCH_PRICINGS = ("rows", "padded")
+
+
+def check_batch_pricing(mode: str) -> str:
+    """A batch pricing, normalised and checked (the error names ``batch_pricing``)."""
+    normal = mode.strip().lower()
+    if normal not in BATCH_PRICINGS:
+        raise BanditSpecValidationError("batch_pricing", f"must be one of {', '.join(BATCH_PRICINGS)}, got {mode!r}")
+    return normal
+
+
 # How fast the load averages follow the gathered calls (per call).
 LOAD_RATE = 0.1
 # Contexts are priced under load in buckets of this many tokens (the batch curve is cached
@@ -466,8 +480,9 @@ class BatchCost:
     (``bind_active_sequences``: the server's exact count; unbound, a sequence is always
     alone, as in a process that decodes one request at a time)."""
 
-    def __init__(self, single: CostModel, max_sequences: int = 32):
+    def __init__(self, single: CostModel, max_sequences: int = 32, pricing: str = "rows"):
         self.single = single
+        self.pricing = check_batch_pricing(pricing)
         self.rows = CostModel(max(1, max_sequences) * single.max_tokens, batch_sequences=0)
         self._active: Callable[[], int] = lambda: 1
         self._lock = threading.Lock()
@@ -591,9 +606,10 @@ class BatchCost:
         return out
 
     def padded(self, load: BatchLoad) -> bool:
-        """Whether ``load`` is priced by the fit of padded passes (the target reports them
-        and the fit is ready)."""
-        return load.longest >= 1 and self.passes.ready()
+        """Whether ``load`` is priced by the fit of padded passes: ``pricing`` "padded", the
+        target reports its passes and the fit is ready. The fit learns either way (the batch
+        view shows it)."""
+        return self.pricing == "padded" and load.longest >= 1 and self.passes.ready()
 
     def _padded_step_seconds(self, own: list[float], context: int, load: BatchLoad) -> list[float]:
         """step_seconds from the fit of padded passes (bandits/pass_cost.py): the pass this

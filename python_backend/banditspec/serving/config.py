@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
+from banditspec.bandits.cost_model import check_batch_pricing
 from banditspec.bandits.registry import check_policy
 from banditspec.config import DEFAULT_MAX_DRAFT_LEN, DEFAULT_POLICY, REWARD_CHOICES, Limits
 from banditspec.decoding.bookkeeping import check_bookkeeping
@@ -125,6 +126,7 @@ class ServingConfig:
     drafter_deadline_s: float = 0.5
     gamma_controller: str = "off"  # off | ucb | fixed:<K> (banditspec.gamma_controller.budgets)
     gamma_controller_max: int = 4
+    batch_pricing: str = "rows"  # rows | padded (banditspec.bandits.cost_model.BatchCost)
     metrics: bool = True
     metrics_log_interval_s: float = 60.0  # 0: no summary log line
     gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.serving.heap)
@@ -181,6 +183,7 @@ class ServingConfig:
             drafter_deadline_s=p.integer("drafter_deadline_ms", 500) / 1000.0,
             gamma_controller=p.text("gamma_controller", "off"),
             gamma_controller_max=p.integer("gamma_controller_max", 4),
+            batch_pricing=check_batch_pricing(p.text("batch_pricing", "rows")),
             metrics=p.flag("metrics", True),
             metrics_log_interval_s=p.number("metrics_log_interval_s", 60.0, low=0, unit=" of seconds"),
             gc_freeze=p.flag("gc_freeze", True),

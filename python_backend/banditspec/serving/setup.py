@@ -94,6 +94,8 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
 
     controller = Controller(decoder, served, tokenizer, defaults,
                             calibrate=lambda: calibrate_cost_model(decoder, engine))  # timed alone, never gathered
+    if decoder.cost_model.batch is not None:
+        decoder.cost_model.batch.pricing = config.batch_pricing
     if isinstance(served, VerifyGatherer) and decoder.cost_model.batch is not None:
         served.report_to(decoder.cost_model.batch)  # what batched calls cost: the controller's price under load
     for counted in (budget, served, decoder.cost_model.batch):
