@@ -36,3 +36,4 @@ def test_multiturn_bench_plays_each_conversation_with_each_method_and_stays_loss
     report = (out / "results.md").read_text()
     assert "Lossless: every method's answer equals vanilla's on every turn" in report
     assert "TTFT / control" in report
+    assert (out / "turns.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

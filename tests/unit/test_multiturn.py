@@ -9,10 +9,17 @@ import argparse
 import numpy as np
 import pytest
 from banditspec.errors import BanditSpecValidationError
+from banditspec_client.bench import multiturn
 from banditspec_client.bench.compare.command import check_temperature, with_fixed_arms
 from banditspec_client.bench.compare.summary import markdown_report, summarize_workload
 from banditspec_client.bench.methods import RunRecord, digest, parse_methods
-from banditspec_client.bench.multiturn import TurnRecord, lossless_mismatches, summarize_turns
+from banditspec_client.bench.multiturn import (
+    TurnRecord,
+    first_call_ms,
+    lossless_mismatches,
+    plot_turns,
+    summarize_turns,
+)
 from banditspec_client.bench.workloads import Conversation, load_conversations
 
 
@@ -109,6 +116,24 @@ def test_turn_summary_pools_per_turn_and_compares_ttft_with_the_control():
     assert rows[("costaware", 2)].ttft_over_control == pytest.approx(1.2)
     assert rows[("vanilla", 1)].ttft_over_control is None
     assert rows[("costaware", 2)].mean_new_tokens == 20 and rows[("costaware", 2)].mean_control_new_tokens == 18
+
+
+def test_the_first_call_is_read_from_the_stats_and_averaged_only_when_every_turn_reports_it(tmp_path):
+    assert first_call_ms({"verify_ms": [81.5, 40.0]}) == 81.5
+    assert first_call_ms({}) is None and first_call_ms({"verify_ms": []}) is None
+    a = _turn("c1", 2, "vanilla", 32, 2.0, 0.1, control=0.1)
+    b = _turn("c2", 2, "vanilla", 32, 2.0, 0.1, control=0.1)
+    a.first_call_ms, a.control_first_call_ms, b.first_call_ms, b.control_first_call_ms = 90.0, 60.0, 70.0, 50.0
+    first = [_turn(c, 1, "vanilla", 32, 2.0, 0.2) for c in ("c1", "c2")]
+    rows = {(r.method, r.turn): r for r in summarize_turns([*first, a, b], ["vanilla"])}
+    assert rows[("vanilla", 2)].mean_first_call_ms == pytest.approx(80.0)
+    assert rows[("vanilla", 2)].mean_control_first_call_ms == pytest.approx(55.0)
+    assert rows[("vanilla", 1)].mean_first_call_ms is None  # not reported for those turns
+    report = multiturn.markdown_report(list(rows.values()), [*first, a, b], title="t", command="c", setup={},
+                                       skipped={}, greedy=True)
+    assert "| vanilla | 2 | 2 |" in report and "| 80 | 55 |" in report
+    png = plot_turns(list(rows.values()), tmp_path / "turns.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_turn_whose_answer_differs_from_vanillas_is_flagged():

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from banditspec.engine.prefix_cache import common_prefix_length
 
 from banditspec_client.bench.methods import VANILLA, Method, digest, rotated
-from banditspec_client.bench.report import MISSING, fmt, markdown_table
+from banditspec_client.bench.report import MISSING, fmt, markdown_table, pyplot, save_png
 from banditspec_client.bench.runner import RunSettings
 from banditspec_client.bench.workloads import Conversation
 
@@ -53,6 +53,8 @@ class TurnRecord:
                    The cache holds the answer's own tokens; where its text tokenizes differently
                    (e.g. a trailing "\n\n"), the target prefills from there on
     ttft_seconds:  request sent -> first chunk with text
+    first_call_ms: the target's time for the request's first call (its prefill), from
+                   ``speculation_stats.verify_ms``: what of the TTFT the engine took
     control_*:     turns >= 2: the same user turn as a first turn (no history), 1 token
     """
 
@@ -69,10 +71,18 @@ class TurnRecord:
     finish_reason: str = ""
     control_ttft_seconds: float | None = None
     control_new_tokens: int | None = None
+    first_call_ms: float | None = None
+    control_first_call_ms: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def first_call_ms(stats: dict) -> float | None:
+    """The target's milliseconds for a request's first call (None when the stats lack it)."""
+    calls = stats.get("verify_ms") or []
+    return float(calls[0]) if calls else None
 
 
 @dataclass
@@ -188,6 +198,7 @@ class ConversationRunner:
                 generated_tokens=int(answer.stats.get("generated_tokens", 0)), seconds=answer.seconds,
                 ttft_seconds=answer.ttft_seconds, steps=int(answer.stats.get("steps", 0)),
                 output_digest=digest(answer.text), finish_reason=str(answer.stats.get("finish_reason", "")),
+                first_call_ms=first_call_ms(answer.stats),
             )
             messages.append({"role": "assistant", "content": answer.text})
             previous = self._ids(messages, reply=False)
@@ -196,6 +207,7 @@ class ConversationRunner:
                 control_ids = self._ids(control_messages)
                 control = self._ask(method, control_messages, CONTROL_MAX_TOKENS)
                 record.control_ttft_seconds = control.ttft_seconds
+                record.control_first_call_ms = first_call_ms(control.stats)
                 record.control_new_tokens = len(control_ids) - common_prefix_length_list(control_ids, system_prefix)
             records.append(record)
         return records
@@ -243,6 +255,8 @@ class TurnSummary:
     mean_control_ttft: float | None = None
     mean_control_new_tokens: float | None = None
     ttft_over_control: float | None = None  # mean over requests of ttft / control ttft
+    mean_first_call_ms: float | None = None  # the target's first call (the prefill), where reported
+    mean_control_first_call_ms: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -270,6 +284,8 @@ def summarize_turns(records: Sequence[TurnRecord], methods: Sequence[str]) -> li
                 row.mean_control_ttft = sum(r.control_ttft_seconds or 0.0 for r in controls) / len(controls)
                 row.mean_control_new_tokens = sum(r.control_new_tokens or 0 for r in controls) / len(controls)
                 row.ttft_over_control = sum(r.ttft_seconds / (r.control_ttft_seconds or 1.0) for r in controls) / len(controls)
+            row.mean_first_call_ms = _mean([r.first_call_ms for r in picked])
+            row.mean_control_first_call_ms = _mean([r.control_first_call_ms for r in controls])
             rows.append(row)
     plain = {r.turn: r for r in rows if r.method == VANILLA}
     for row in rows:
@@ -277,6 +293,13 @@ def summarize_turns(records: Sequence[TurnRecord], methods: Sequence[str]) -> li
         if base is not None and base.tokens_per_second > 0:
             row.speedup = row.tokens_per_second / base.tokens_per_second
     return rows
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    """The mean of the values, None when any is missing (or there are none)."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(v for v in values if v is not None) / len(values)
 
 
 def lossless_mismatches(records: Sequence[TurnRecord]) -> list[tuple[str, int, str]]:
@@ -295,14 +318,16 @@ def markdown_report(rows: Sequence[TurnSummary], records: Sequence[TurnRecord], 
               "`new tokens`: prompt tokens past the prefix shared with the conversation's previous request (what the "
               "target prefills when it reuses the history). `control`: the same user turn sent as a first turn "
               f"({CONTROL_MAX_TOKENS} token), about as many new tokens; TTFT / control near 1 means the history's KV "
-              "was reused.", ""]
+              "was reused. `1st call ms`: the target's time for the request's first call (its prefill), of the TTFT.",
+              ""]
     header = ["method", "turn", "requests", "prompt tokens", "new tokens", "tokens/s", "speedup", "TTFT ms",
-              "control TTFT ms", "control new tokens", "TTFT / control"]
+              "control TTFT ms", "control new tokens", "TTFT / control", "1st call ms", "control 1st call ms"]
     table_rows = [[r.method, r.turn, r.requests, f"{r.mean_prompt_tokens:.0f}", f"{r.mean_new_tokens:.0f}",
                    f"{r.tokens_per_second:.1f}", fmt(r.speedup, "{:.2f}x"), f"{1e3 * r.mean_ttft:.0f}",
                    fmt(None if r.mean_control_ttft is None else 1e3 * r.mean_control_ttft, "{:.0f}"),
-                   fmt(r.mean_control_new_tokens, "{:.0f}"), fmt(r.ttft_over_control, "{:.2f}")] for r in rows]
-    parts += [markdown_table(header, table_rows, "lrrrrrrrrrr"), ""]
+                   fmt(r.mean_control_new_tokens, "{:.0f}"), fmt(r.ttft_over_control, "{:.2f}"),
+                   fmt(r.mean_first_call_ms, "{:.0f}"), fmt(r.mean_control_first_call_ms, "{:.0f}")] for r in rows]
+    parts += [markdown_table(header, table_rows, "lrrrrrrrrrrrr"), ""]
     if greedy:
         bad = lossless_mismatches(records)
         if bad:
@@ -325,7 +350,30 @@ def write_results(out: Path, *, command: str, setup: dict, methods: Sequence[Met
     payload = {"command": command, "setup": setup, "methods": [asdict(m) for m in methods], "skipped": skipped,
                "turns": [asdict(r) for r in rows], "records": [asdict(r) for r in records]}
     (out / "results.json").write_text(json.dumps(payload, separators=(",", ":")))
-    return [out / "results.md", out / "results.json"]
+    return [out / "results.md", out / "results.json", plot_turns(rows, out / "turns.png")]
+
+
+def plot_turns(rows: Sequence[TurnSummary], path: Path) -> Path:
+    """Two panels against the turn index, a line per method: tokens/s, and time to first token
+    beside the controls' (the same user turns sent without history)."""
+    plt = pyplot()
+    fig, (speed, ttft) = plt.subplots(1, 2, figsize=(10, 4))
+    for method in dict.fromkeys(r.method for r in rows):
+        mine = [r for r in rows if r.method == method]
+        turns = [r.turn for r in mine]
+        line, = speed.plot(turns, [r.tokens_per_second for r in mine], marker="o", label=method)
+        ttft.plot(turns, [1e3 * r.mean_ttft for r in mine], marker="o", color=line.get_color(), label=method)
+        controls = [(r.turn, 1e3 * r.mean_control_ttft) for r in mine if r.mean_control_ttft is not None]
+        if controls:
+            ttft.plot(*zip(*controls), linestyle="--", marker="x", color=line.get_color(),
+                      label=f"{method}, same turn without history")
+    speed.set(xlabel="turn", ylabel="output tokens/s", title="speed per turn")
+    ttft.set(xlabel="turn", ylabel="ms", title="time to first token (mean)")
+    for ax in (speed, ttft):
+        ax.set_xticks(sorted({r.turn for r in rows}))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_png(fig, path)
 
 
 def summary_line(rows: Sequence[TurnSummary]) -> str:
