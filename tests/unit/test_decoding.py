@@ -150,6 +150,25 @@ def test_stop_word_across_steps_is_cut_and_never_streamed():
     assert session.finish_reason == "stop"
 
 
+def test_the_first_calls_cached_prompt_tokens_reach_the_stats():
+    class Caching(MockEngine):  # says it found all but the last input token cached, every call
+        def verify(self, requests):
+            results = super().verify(requests)
+            for request, result in zip(requests, results):
+                result.cached_tokens = len(request.input_ids) - 1
+            return results
+
+    engine = Caching()
+    decoder, _ = make_decoder(engine, right=oracle(engine))
+    result = run_to_completion(engine, decoder.start(GenerationRequest(PROMPT, 12, policy="fixed:right")))
+    assert result.stats.cached_prompt_tokens == len(PROMPT) - 1  # the first call's, not a later one's
+    assert result.stats.as_dict()["cached_prompt_tokens"] == len(PROMPT) - 1
+    plain = MockEngine()  # an engine that does not say: no field
+    decoder, _ = make_decoder(plain, right=oracle(plain))
+    silent = run_to_completion(plain, decoder.start(GenerationRequest(PROMPT, 12, policy="fixed:right")))
+    assert silent.stats.cached_prompt_tokens is None and "cached_prompt_tokens" not in silent.stats.as_dict()
+
+
 def test_streamed_tokens_equal_the_result():
     engine = MockEngine()
     decoder, _ = make_decoder(engine, right=oracle(engine, length_cap=2), wrong=always_wrong(engine))

@@ -15,6 +15,7 @@ from banditspec_client.bench.compare.summary import markdown_report, summarize_w
 from banditspec_client.bench.methods import RunRecord, digest, parse_methods
 from banditspec_client.bench.multiturn import (
     TurnRecord,
+    computed_tokens,
     first_call_ms,
     lossless_mismatches,
     plot_turns,
@@ -134,6 +135,11 @@ def test_the_first_call_is_read_from_the_stats_and_averaged_only_when_every_turn
     assert "| vanilla | 2 | 2 |" in report and "| 80 | 55 |" in report
     png = plot_turns(list(rows.values()), tmp_path / "turns.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_new_tokens_are_what_the_target_computed_where_it_says():
+    assert computed_tokens(120, {"cached_prompt_tokens": 98}) == 22
+    assert computed_tokens(120, {}) is None and computed_tokens(120, {"cached_prompt_tokens": True}) is None
 
 
 def test_a_turn_whose_answer_differs_from_vanillas_is_flagged():

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 from banditspec.errors import parse_retry_after
-from banditspec_server.openai_api.app import ChatRequest, CompletionRequest, OpenAIError, _triton_error, common_inputs
+from banditspec_server.openai_api.app import (
+    ChatRequest,
+    CompletionRequest,
+    OpenAIError,
+    _triton_error,
+    _usage,
+    common_inputs,
+)
 from banditspec_server.openai_api.triton import ModelFacts, TritonError
 
 FACTS = ModelFacts(max_tokens_limit=1024, max_context=2048, inputs=frozenset({"text_input", "max_tokens", "top_p", "policy"}))
@@ -67,3 +74,11 @@ def test_a_broken_connection_is_a_503_with_the_restart_estimate(status):
 def test_a_request_without_a_seed_sends_none_so_the_server_draws_a_fresh_one():
     assert "random_seed" not in common_inputs(CompletionRequest(model="m", prompt="p", temperature=0.8), FACTS, None, 16)
     assert common_inputs(CompletionRequest(model="m", prompt="p", seed=0), FACTS, None, 16)["random_seed"] == 0
+
+
+def test_usage_reports_the_prompt_tokens_the_target_found_cached():
+    stats = {"prompt_tokens": 120, "generated_tokens": 16, "cached_prompt_tokens": 98}
+    assert _usage(stats) == {"prompt_tokens": 120, "completion_tokens": 16, "total_tokens": 136,
+                             "prompt_tokens_details": {"cached_tokens": 98}}
+    assert "prompt_tokens_details" not in _usage({"prompt_tokens": 5, "generated_tokens": 1})  # the target did not say
+    assert _usage(None) == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}

@@ -166,6 +166,18 @@ def test_prefix_is_not_recomputed(tiny_engine):
     assert tiny_engine.cached_tokens() == len(sequence) - 1  # the last output is not cached yet
 
 
+def test_each_result_says_how_much_of_its_input_the_prefix_cache_served(tiny_engine):
+    tiny_engine.clear()
+    sequence = random_prompt(np.random.default_rng(5), 40, vocab=49152)
+    assert step(tiny_engine, sequence).cached_tokens == 0  # nothing cached yet
+    first = step(tiny_engine, sequence)  # the same input again: all but the last token (always fed)
+    assert first.cached_tokens == len(sequence) - 1
+    sequence += first.output_ids.tolist()
+    assert step(tiny_engine, sequence).cached_tokens == len(sequence) - 1
+    other = sequence[:10] + random_prompt(np.random.default_rng(6), 20, vocab=49152)  # shares 10 tokens
+    assert step(tiny_engine, other).cached_tokens == 10
+
+
 def test_cache_holds_only_confirmed_tokens_after_rejection(engine, varied_model):
     prompt = random_prompt(np.random.default_rng(5), 20)
     reference = vanilla_greedy(ReferenceEngine(varied_model, max_context=512), prompt, 10)

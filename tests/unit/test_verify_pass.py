@@ -69,6 +69,31 @@ def test_the_pass_travels_with_each_row_and_only_when_asked_for():
     assert not trtllm.reports_passes  # TensorRT-LLM answers no such tensor
 
 
+def test_the_cached_tokens_travel_with_each_row_and_only_when_asked_for():
+    assert REFERENCE_EXTRA_OUTPUTS["cached_tokens"] == ("TYPE_INT32", [1])
+    mock = MockEngine(vocab_size=50, eos_id=0)
+
+    def cached(results):
+        for i, result in enumerate(results):
+            result.cached_tokens = 10 * (i + 1)
+        return results
+
+    def infer(model, tensors, outputs):
+        answer = encode_results(cached(mock.verify(decode_requests(tensors))))
+        return {k: v for k, v in answer.items() if k in outputs}
+
+    reqs = [_req([1, 2, 3 + i]) for i in range(3)]
+    batched = TensorEngine(infer, vocab_size=50, max_context=512, eos_id=0, max_rows=4, reports_passes=True)
+    assert [r.cached_tokens for r in batched.verify(reqs)] == [10, 20, 30]
+    alone = TensorEngine(infer, vocab_size=50, max_context=512, eos_id=0, reports_passes=True)
+    assert [r.cached_tokens for r in alone.verify(reqs[:1])] == [10]
+    silent = TensorEngine(infer, vocab_size=50, max_context=512, eos_id=0, max_rows=4)  # not asked: not said
+    assert [r.cached_tokens for r in silent.verify(reqs)] == [None, None, None]
+    answer = encode_results(cached(mock.verify(reqs[:2])))
+    answer["cached_tokens"] = answer["cached_tokens"][:1]  # a row short: ignored, not fatal
+    assert [r.cached_tokens for r in decode_results(answer, reqs[:2])] == [None, None]
+
+
 def test_a_malformed_pass_is_ignored_not_fatal():
     mock = MockEngine(vocab_size=50, eos_id=0)
     reqs = [_req([1, 2]), _req([3, 4])]

@@ -9,11 +9,13 @@ feed the suffix drafter's global trie get a private copy of the controller model
 :mod:`~banditspec_client.bench.through_triton`, each with its own OpenAI front end.
 
 Per turn: tokens/s (generated tokens / the streamed request's seconds), time to first token (the
-first chunk with text), and, for turns k >= 2, a *control*: the same user turn sent as a first turn
-(no history, 1 token), whose new tokens (those no cached sequence covers: the system prompt is
-shared by every chat) are about as many as turn k's. Turn k's first token as fast as its control's
-means the history's KV was reused, not recomputed. Between conversations (and methods) the
-target's cache is emptied, so no method reuses another's prefill.
+first chunk with text), its new tokens (the prompt positions the target computed: the prompt less
+``speculation_stats.cached_prompt_tokens``, what the target found in its prefix cache), and, for
+turns k >= 2, a *control*: a first turn (no history, 1 token) with as many new tokens, the same
+user turn behind a neutral preamble long enough to make up the difference (a turn also feeds the
+end of the previous answer and the chat template's turn boundary). Turn k's first token as fast as
+its control's means the history's KV was reused, not recomputed. Between conversations (and
+methods) the target's cache is emptied, so no method reuses another's prefill.
 
 Under greedy decoding every method's answers (hence histories) must equal plain decoding's.
 """
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
 
 CACHE_ENTRIES = 16  # the target's default (model_repository/target/config.pbtxt)
 CONTROL_MAX_TOKENS = 1
+PREAMBLE_WORD = "ok "  # one token a word: what a control's user turn is lengthened by
+MAX_PREAMBLE_WORDS = 512
 
 
 @dataclass
@@ -47,11 +51,11 @@ class TurnRecord:
     """One turn of one conversation with one method.
 
     prompt_tokens: the whole rendered conversation up to this turn
-    new_tokens:    prompt tokens past the longest prefix shared with the previous request of this
-                   conversation (its prompt and its answer's text as the API renders it): what the
-                   target must prefill when it reuses the history (turn 1: all, the cache is empty).
-                   The cache holds the answer's own tokens; where its text tokenizes differently
-                   (e.g. a trailing "\n\n"), the target prefills from there on
+    new_tokens:    prompt positions the target computed: the prompt less the tokens it found in
+                   its prefix cache (``cached_prompt_tokens``). Where the target does not say: the
+                   prompt tokens past the longest prefix shared with the previous request of this
+                   conversation as the API renders it (an estimate: the cache holds the answer's
+                   own tokens, which may tokenize differently once decoded to text)
     ttft_seconds:  request sent -> first chunk with text
     first_call_ms: the target's time for the request's first call (its prefill), from
                    ``speculation_stats.verify_ms``: what of the TTFT the engine took
@@ -77,6 +81,15 @@ class TurnRecord:
     @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def computed_tokens(prompt_tokens: int, stats: dict) -> int | None:
+    """Of a prompt of ``prompt_tokens``, the positions the target computed (None when it does not
+    say what it found in its prefix cache)."""
+    cached = stats.get("cached_prompt_tokens")
+    if not isinstance(cached, int) or isinstance(cached, bool):
+        return None
+    return prompt_tokens - cached
 
 
 def first_call_ms(stats: dict) -> float | None:
@@ -192,9 +205,10 @@ class ConversationRunner:
             messages.append({"role": "user", "content": user})
             ids = self._ids(messages)
             answer = self._ask(method, messages, max_tokens)
+            computed = computed_tokens(len(ids), answer.stats)
             record = TurnRecord(
                 conversation_id=conversation.conversation_id, turn=turn, method=method.name, prompt_tokens=len(ids),
-                new_tokens=len(ids) - common_prefix_length_list(ids, previous),
+                new_tokens=computed if computed is not None else len(ids) - common_prefix_length_list(ids, previous),
                 generated_tokens=int(answer.stats.get("generated_tokens", 0)), seconds=answer.seconds,
                 ttft_seconds=answer.ttft_seconds, steps=int(answer.stats.get("steps", 0)),
                 output_digest=digest(answer.text), finish_reason=str(answer.stats.get("finish_reason", "")),
@@ -203,14 +217,27 @@ class ConversationRunner:
             messages.append({"role": "assistant", "content": answer.text})
             previous = self._ids(messages, reply=False)
             if turn >= 2:
-                control_messages = [{"role": "user", "content": user}]
+                control_messages = [{"role": "user", "content": self._lengthened(user, record.new_tokens, system_prefix)}]
                 control_ids = self._ids(control_messages)
                 control = self._ask(method, control_messages, CONTROL_MAX_TOKENS)
                 record.control_ttft_seconds = control.ttft_seconds
                 record.control_first_call_ms = first_call_ms(control.stats)
-                record.control_new_tokens = len(control_ids) - common_prefix_length_list(control_ids, system_prefix)
+                control_computed = computed_tokens(len(control_ids), control.stats)
+                record.control_new_tokens = (control_computed if control_computed is not None else
+                                             len(control_ids) - common_prefix_length_list(control_ids, system_prefix))
             records.append(record)
         return records
+
+
+    def _lengthened(self, user: str, new_tokens: int, system_prefix: list[int]) -> str:
+        """``user`` behind the shortest preamble of :data:`PREAMBLE_WORD` that gives a first turn
+        at least ``new_tokens`` new tokens (past the prefix every chat shares)."""
+        for words in range(MAX_PREAMBLE_WORDS + 1):
+            text = PREAMBLE_WORD * words + user
+            ids = self._ids([{"role": "user", "content": text}])
+            if len(ids) - common_prefix_length_list(ids, system_prefix) >= new_tokens:
+                return text
+        return text
 
 
 def common_prefix_length_list(a: Sequence[int], b: Sequence[int]) -> int:
@@ -315,10 +342,11 @@ def markdown_report(rows: Sequence[TurnSummary], records: Sequence[TurnRecord], 
     parts += [f"- {k}: {v}" for k, v in setup.items()]
     parts += [f"- skipped method `{name}`: {reason}" for name, reason in skipped.items()]
     parts += ["", "Per turn index (turn k is sent with turns 1..k-1 and the model's own answers as history). "
-              "`new tokens`: prompt tokens past the prefix shared with the conversation's previous request (what the "
-              "target prefills when it reuses the history). `control`: the same user turn sent as a first turn "
-              f"({CONTROL_MAX_TOKENS} token), about as many new tokens; TTFT / control near 1 means the history's KV "
-              "was reused. `1st call ms`: the target's time for the request's first call (its prefill), of the TTFT.",
+              "`new tokens`: the prompt positions the target computed (the prompt less what it found in its prefix "
+              "cache). `control`: a first turn "
+              f"({CONTROL_MAX_TOKENS} token) with as many new tokens (the same user turn behind a neutral preamble); "
+              "TTFT / control near 1 means the history's KV was reused. `1st call ms`: the target's time for the "
+              "request's first call (its prefill), of the TTFT.",
               ""]
     header = ["method", "turn", "requests", "prompt tokens", "new tokens", "tokens/s", "speedup", "TTFT ms",
               "control TTFT ms", "control new tokens", "TTFT / control", "1st call ms", "control 1st call ms"]

@@ -40,6 +40,9 @@ class SpeculationStats:
     kv_cache_reused_blocks: int | None = None
     kv_cache_alloc_new_blocks: int | None = None
     seed: int | None = None  # the request's random seed: sending it again reproduces a sampled text
+    # prompt tokens the target found in its prefix cache on the first call (engines that say: the
+    # reference target): a conversation's history, resent with each turn, is not prefilled again
+    cached_prompt_tokens: int | None = None
 
     @property
     def steps(self) -> int:
@@ -72,6 +75,7 @@ class SpeculationStats:
             "per_arm": per_arm,
             "dropped_arms": dict(self.dropped_arms),
             **({"seed": self.seed} if self.seed is not None else {}),
+            **({"cached_prompt_tokens": self.cached_prompt_tokens} if self.cached_prompt_tokens is not None else {}),
             **({"controller": self.controller} if self.controller is not None else {}),
             **({"kv_cache_reused_blocks": self.kv_cache_reused_blocks,
                 "kv_cache_alloc_new_blocks": self.kv_cache_alloc_new_blocks}

@@ -197,6 +197,8 @@ class DecodingSession:
         self._hidden_from = len(self._sequence) + len(output) - 1
         self._drafters.observe(output, result.hidden_states)
         self._append(output)
+        if first_step and result.cached_tokens is not None:
+            self.stats.cached_prompt_tokens = min(int(result.cached_tokens), len(self._prompt))
         for name in ("kv_cache_reused_blocks", "kv_cache_alloc_new_blocks"):
             value = getattr(result, name, None)
             if value is not None:

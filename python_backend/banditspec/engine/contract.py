@@ -109,12 +109,16 @@ class VerifyResult:
                    the token at position hidden_from + j + 1. So its LAST num_accepted + 1 rows
                    produced output_ids, and any leading rows produced input_ids[hidden_from+1:].
     verified_in:   the pass it was verified in (:class:`VerifyPass`), where the target says
+    cached_tokens: positions of input_ids whose K/V the target found in its prefix cache and did
+                   not recompute, where the target says (the reference target; TensorRT-LLM
+                   reports KV-cache blocks instead)
     """
 
     output_ids: np.ndarray
     num_accepted: int
     hidden_states: np.ndarray | None = None
     verified_in: VerifyPass | None = None
+    cached_tokens: int | None = None
 
 
 class Engine(Protocol):
@@ -161,4 +165,6 @@ REFERENCE_EXTRA_OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "num_accepted_tokens": ("TYPE_INT32", [1]),
     # per row, the pass it was verified in: VERIFY_PASS_FIELDS of a VerifyPass
     "verify_pass": ("TYPE_FP64", [len(VERIFY_PASS_FIELDS)]),
+    # per row, the input positions reused from the prefix cache (VerifyResult.cached_tokens)
+    "cached_tokens": ("TYPE_INT32", [1]),
 }

@@ -524,7 +524,8 @@ class ReferenceEngine:
             else:
                 raise RuntimeError(f"prefix of {start} reused past hidden_from {request.hidden_from} without its states")
             hidden_states = rows.float().numpy().copy()  # a copy: the caller may write to it
-        return VerifyResult(output_ids=output_ids, num_accepted=num_accepted, hidden_states=hidden_states)
+        return VerifyResult(output_ids=output_ids, num_accepted=num_accepted, hidden_states=hidden_states,
+                            cached_tokens=job.prefix.length)
 
     @staticmethod
     def _kept_features(job: _Job, row: _RowOutput, kept: int) -> Features:

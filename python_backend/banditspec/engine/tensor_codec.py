@@ -259,6 +259,9 @@ def encode_results(results: Sequence[VerifyResult]) -> Tensors:
             if s is not None:
                 hidden[i, : s.shape[0]] = s
         tensors["hidden_states"] = hidden
+    cached = [r.cached_tokens for r in results]
+    if all(c is not None for c in cached):
+        tensors["cached_tokens"] = np.array([[c] for c in cached], dtype=np.int32)
     passes = [r.verified_in for r in results]
     if all(p is not None for p in passes):
         tensors["verify_pass"] = np.array([[float(getattr(p, f)) for f in VERIFY_PASS_FIELDS] for p in passes],
@@ -289,6 +292,7 @@ def decode_results(tensors: Mapping[str, np.ndarray], reqs: Sequence[VerifyReque
     if len(reqs) == 1:
         (result,) = [decode_result(tensors, reqs[0].draft_ids)]
         result.verified_in = _verify_pass(tensors.get("verify_pass"))
+        result.cached_tokens = _optional_int(tensors, "cached_tokens")
         return [result]
     n = len(reqs)
     output_ids = np.asarray(tensors["output_ids"])
@@ -299,6 +303,9 @@ def decode_results(tensors: Mapping[str, np.ndarray], reqs: Sequence[VerifyReque
     passes = tensors.get("verify_pass")
     if passes is not None and np.asarray(passes).size != n * len(VERIFY_PASS_FIELDS):
         passes = None
+    cached = tensors.get("cached_tokens")
+    if cached is not None and np.asarray(cached).size != n:
+        cached = None  # informs the stats only: never fails a result
     results = []
     for i, req in enumerate(reqs):
         row: Tensors = {"output_ids": output_ids[i], "sequence_length": lengths[i]}
@@ -314,6 +321,8 @@ def decode_results(tensors: Mapping[str, np.ndarray], reqs: Sequence[VerifyReque
             result.hidden_states = states[:count]
         if passes is not None:
             result.verified_in = _verify_pass(np.asarray(passes).reshape(n, -1)[i])
+        if cached is not None:
+            result.cached_tokens = int(np.asarray(cached).reshape(-1)[i])
         results.append(result)
     return results
 
@@ -404,8 +413,8 @@ class TensorEngine:
         seed, per-request KV-cache figures; see :mod:`banditspec.engine.trtllm`); it takes
         one sequence a request. max_rows: most sequences one call may carry (the reference
         target's ``max_batch_size``); 1: a call per sequence. reports_passes: the target
-        answers ``verify_pass`` (the reference target: each result's
-        :class:`~banditspec.engine.contract.VerifyPass`)."""
+        answers ``verify_pass`` and ``cached_tokens`` (the reference target: each result's
+        :class:`~banditspec.engine.contract.VerifyPass` and prefix-cache reuse)."""
         self._infer = infer
         self.tensorrtllm = tensorrtllm
         self.max_rows = 1 if tensorrtllm else max(1, int(max_rows))
@@ -445,7 +454,7 @@ class TensorEngine:
         if self.tensorrtllm:
             outputs += list(TRTLLM_PERF_OUTPUTS)
         if self.reports_passes:
-            outputs.append("verify_pass")
+            outputs += ["verify_pass", "cached_tokens"]
         tensors = encode_requests(reqs, with_reference_extras=self.provides_hidden_states, tensorrtllm=self.tensorrtllm)
         answer = self._infer(self.model_name, tensors, outputs)
         if "output_ids" not in answer:

@@ -219,10 +219,17 @@ def _unreachable(exc: Exception, retry_after: Callable[[], int]) -> OpenAIError:
                        kind="server_busy", retry_after=seconds)
 
 
-def _usage(stats: dict[str, Any] | None) -> dict[str, int]:
+def _usage(stats: dict[str, Any] | None) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens`` where the target says how
+    much of the prompt it found in its prefix cache (a conversation's history, resent each turn)."""
     prompt = int((stats or {}).get("prompt_tokens") or 0)
     completion = int((stats or {}).get("generated_tokens") or 0)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}
+    cached = (stats or {}).get("cached_prompt_tokens")
+    if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:

@@ -72,10 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2", help="whose tokenizer renders chat")
     parser.add_argument("--tokenizer-dir", default="", help="a tokenizer folder (overrides --model)")
     parser.add_argument("--model-id", default="banditspec", help="the model name clients send and /v1/models lists")
+    parser.add_argument("--triton-model", default="banditspec", help="the Triton model it serves (a copy's name)")
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
-    app = create_app(args.triton_url, tokenizer=load_tokenizer(args.model, args.tokenizer_dir), model_id=args.model_id)
+    app = create_app(args.triton_url, tokenizer=load_tokenizer(args.model, args.tokenizer_dir), model_id=args.model_id,
+                     triton_model=args.triton_model)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

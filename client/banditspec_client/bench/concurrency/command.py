@@ -200,13 +200,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_openai(grpc_url: str, model: str, log: Path) -> tuple[subprocess.Popen, str]:
-    """The OpenAI API in its own process (its CPU is the server's, not the generator's)."""
+def start_openai(grpc_url: str, model: str, log: Path, triton_model: str = "banditspec") -> tuple[subprocess.Popen, str]:
+    """The OpenAI API in its own process (its CPU is the server's, not the generator's), in
+    front of one Triton model (a method with a private controller copy gets its own)."""
     port = _free_port()
     with open(log, "ab") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "banditspec_client.cli", "openai", "--triton-url", grpc_url, "--port", str(port),
-             "--model", model], stdout=sink, stderr=subprocess.STDOUT)
+             "--model", model, "--triton-model", triton_model], stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -307,20 +308,24 @@ def run(args: argparse.Namespace) -> int:
     }
     print(f"starting tritonserver ({args.model}) ...", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # leave through `with server`: no orphaned server
-    openai_process = None
+    openai_processes: list[subprocess.Popen] = []
     blocks: list[BlockResult] = []
     try:
         with server:
             urls = {"triton": server.grpc_url}
             if "openai" in transports:
-                openai_process, urls["openai"] = start_openai(server.grpc_url, args.model,
-                                                              cache_dir() / "bench-load-openai.log")
+                # one front end per controller model, so that no method drafts from the suffix trie
+                # another method (or its own earlier level) filled, as through Triton
+                for model_name in dict.fromkeys(m.model_name for m in methods):
+                    process, urls[f"openai:{model_name}"] = start_openai(
+                        server.grpc_url, args.model, cache_dir() / "bench-load-openai.log", triton_model=model_name)
+                    openai_processes.append(process)
             blocks = asyncio.run(_sweep(args, levels, methods, transports, prompts, urls, opts_for,
                                         metrics_port=server.metrics_port))
     finally:
-        if openai_process is not None:
-            openai_process.terminate()
-            openai_process.wait(30)
+        for process in openai_processes:
+            process.terminate()
+            process.wait(30)
         shutil.rmtree(workdir, ignore_errors=True)
     mismatches = mark_mismatches(blocks, args.temperature)
     for i, block in enumerate(blocks):
@@ -347,26 +352,24 @@ async def _sweep(args: argparse.Namespace, levels: list[int], methods: list[Load
                  metrics_port: int | None = None) -> list[BlockResult]:
     from tqdm import tqdm
 
-    clients: dict[str, Client] = {}  # by transport, and by "triton:<model>" for each controller model
+    clients: dict[str, Client] = {}  # "<transport>:<model>" for each controller model a method uses
     for transport in transports:
-        clients[transport] = TritonStreamClient(urls["triton"]) if transport == "triton" else OpenAIStreamClient(urls["openai"])
-        await clients[transport].start()
-    if "triton" in transports:
         for method in methods:
-            key = f"triton:{method.model_name}"
+            key = f"{transport}:{method.model_name}"
             if key not in clients:
-                clients[key] = TritonStreamClient(urls["triton"], model_name=method.model_name)
+                clients[key] = (TritonStreamClient(urls["triton"], model_name=method.model_name) if transport == "triton"
+                                else OpenAIStreamClient(urls[key]))
                 await clients[key].start()
 
     def client_for(transport: str, method: LoadMethod) -> Client:
-        return clients[f"triton:{method.model_name}"] if transport == "triton" else clients[transport]
+        return clients[f"{transport}:{method.model_name}"]
     blocks: list[BlockResult] = []
     try:
         print(f"warming up: {len(prompts)} prompts into the prefix cache, one request per method ...",
               file=sys.stderr, flush=True)
         warm = GenerationOptions(max_tokens=1, stream=True, policy="vanilla")
         indices = list(range(len(prompts)))
-        await run_block(clients[transports[0]], transport=transports[0], method="warm-up", prompts=prompts,
+        await run_block(client_for(transports[0], methods[0]), transport=transports[0], method="warm-up", prompts=prompts,
                         prompt_indices=indices, concurrency=1, requests_per_stream=len(prompts), opts=warm)
         for transport in transports:
             for method in methods:
