@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 
 CACHE_ENTRIES = 16  # the target's default (model_repository/target/config.pbtxt)
 CONTROL_MAX_TOKENS = 1
-PREAMBLE_WORD = "ok "  # one token a word: what a control's user turn is lengthened by
+# what a control's user turn is lengthened by, one token a word; a different word at each turn, so
+# that a control reuses nothing of an earlier control still in the target's cache
+PREAMBLE_WORDS = ("ok ", "so ", "yes ", "now ", "well ", "then ")
 MAX_PREAMBLE_WORDS = 512
 
 
@@ -217,7 +219,7 @@ class ConversationRunner:
             messages.append({"role": "assistant", "content": answer.text})
             previous = self._ids(messages, reply=False)
             if turn >= 2:
-                control_messages = [{"role": "user", "content": self._lengthened(user, record.new_tokens, system_prefix)}]
+                control_messages = [{"role": "user", "content": self._lengthened(user, record.new_tokens, system_prefix, turn)}]
                 control_ids = self._ids(control_messages)
                 control = self._ask(method, control_messages, CONTROL_MAX_TOKENS)
                 record.control_ttft_seconds = control.ttft_seconds
@@ -228,12 +230,11 @@ class ConversationRunner:
             records.append(record)
         return records
 
-
-    def _lengthened(self, user: str, new_tokens: int, system_prefix: list[int]) -> str:
-        """``user`` behind the shortest preamble of :data:`PREAMBLE_WORD` that gives a first turn
-        at least ``new_tokens`` new tokens (past the prefix every chat shares)."""
+    def _lengthened(self, user: str, new_tokens: int, system_prefix: list[int], turn: int) -> str:
+        """``user`` behind the shortest preamble of the turn's word (:data:`PREAMBLE_WORDS`) that
+        gives a first turn at least ``new_tokens`` new tokens (past the prefix every chat shares)."""
         for words in range(MAX_PREAMBLE_WORDS + 1):
-            text = PREAMBLE_WORD * words + user
+            text = PREAMBLE_WORDS[turn % len(PREAMBLE_WORDS)] * words + user
             ids = self._ids([{"role": "user", "content": text}])
             if len(ids) - common_prefix_length_list(ids, system_prefix) >= new_tokens:
                 return text
