@@ -384,7 +384,7 @@ def write_results(out: Path, *, command: str, setup: dict, methods: Sequence[Met
 
 def plot_turns(rows: Sequence[TurnSummary], path: Path) -> Path:
     """Two panels against the turn index, a line per method: tokens/s, and time to first token
-    beside the controls' (the same user turns sent without history)."""
+    beside the controls' (first turns with as many new tokens)."""
     plt = pyplot()
     fig, (speed, ttft) = plt.subplots(1, 2, figsize=(10, 4))
     for method in dict.fromkeys(r.method for r in rows):
@@ -395,7 +395,7 @@ def plot_turns(rows: Sequence[TurnSummary], path: Path) -> Path:
         controls = [(r.turn, 1e3 * r.mean_control_ttft) for r in mine if r.mean_control_ttft is not None]
         if controls:
             ttft.plot(*zip(*controls), linestyle="--", marker="x", color=line.get_color(),
-                      label=f"{method}, same turn without history")
+                      label=f"{method}, a first turn as long (control)")
     speed.set(xlabel="turn", ylabel="output tokens/s", title="speed per turn")
     ttft.set(xlabel="turn", ylabel="ms", title="time to first token (mean)")
     for ax in (speed, ttft):

@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {needed} requests a method and {len(prompts)} prompts: prompts repeat across levels, "
               f"which flatters methods that learn from past outputs (--prompts {needed} avoids it)",
               file=sys.stderr, flush=True)
-    private = sorted({m.model_name for m in methods if m.learns_from_outputs}) if "triton" in transports else []
+    private = sorted({m.model_name for m in methods if m.learns_from_outputs})  # through either transport
     for name in private:
         overrides[name] = {"target_model": args.model, **server_params}
     workdir = Path(tempfile.mkdtemp(prefix="bench-load-repo-", dir=cache_dir()))
