@@ -34,3 +34,17 @@ def test_a_small_sweep_through_both_transports(tmp_path: Path):
     text = (out / "results.md").read_text()
     assert report["machine"]["cpu_model"] in text and "temperature: 0.0" in text
     assert (out / "load-triton.png").stat().st_size > 10_000 and (out / "load-openai.png").stat().st_size > 10_000
+
+
+def test_the_openai_transport_alone_serves_every_method_from_its_own_controller_copy(tmp_path: Path):
+    out = tmp_path / "load"
+    command = [sys.executable, "-m", "banditspec_client.cli", "bench-load", "--model", "tiny", "--concurrency", "1",
+               "--prompts", "2", "--max-tokens", "8", "--methods", "vanilla,default,suffix@4", "--transports", "openai",
+               "--min-requests", "1", "--no-progress", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {(r["transport"], r["method"]) for r in rows} == {("openai", m) for m in ("vanilla", "default", "suffix@4")}
+    for row in rows:  # the private copies exist without Triton among the transports
+        assert row["failed"] == 0, row["errors"]
+        assert row["mismatches"] == 0
