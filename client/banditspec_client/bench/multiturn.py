@@ -61,7 +61,8 @@ class TurnRecord:
     ttft_seconds:  request sent -> first chunk with text
     first_call_ms: the target's time for the request's first call (its prefill), from
                    ``speculation_stats.verify_ms``: what of the TTFT the engine took
-    control_*:     turns >= 2: the same user turn as a first turn (no history), 1 token
+    control_*:     turns >= 2: a first turn (no history, 1 token) with as many new tokens: the same
+                   user turn behind a neutral preamble (:meth:`ConversationRunner._lengthened`)
     """
 
     conversation_id: str
