@@ -39,7 +39,7 @@ def ttft(url: str, prompt: str, policy: str | None) -> float:
 def same_length_prompts(count: int) -> tuple[list[str], list[int]]:
     """The ``count`` held-out chat prompts whose token counts are closest to the median's."""
     tokenizer = load_tokenizer("smollm2")
-    prompts = [p.text for p in load_workload("chat")]
+    prompts = [p.text for p in load_workload("chat", split="heldout")]
     by_length = sorted((len(tokenizer.encode(text)), text) for text in prompts)
     middle = len(by_length) // 2
     start = max(0, min(middle - count // 2, len(by_length) - count))

@@ -9,7 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-from banditspec_client.bench.concurrency.command import mark_mismatches, parse_methods, read_prompts_file, rotated
+from banditspec_client.bench.concurrency.command import (
+    add_arguments,
+    load_prompts,
+    mark_mismatches,
+    parse_methods,
+    read_prompts_file,
+    rotated,
+)
 from banditspec_client.bench.concurrency.load import BlockResult, Client, RequestOutcome, percentile, run_block
 from banditspec_client.bench.concurrency.summary import markdown, ratios, write_report
 from banditspec_client.triton_client import GenerationOptions
@@ -128,6 +135,21 @@ def report_of(blocks: list[BlockResult]) -> dict:
         "generator": {"mean_cpu_share": 0.05, "max_cpu_share": 0.1},
         "rows": rows,
     }
+
+
+def test_workload_prompts_come_from_the_held_out_split_unless_told_and_the_report_says_which():
+    import argparse
+
+    from banditspec_client.bench.workloads import load_workload
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    prompts, source = load_prompts(parser.parse_args(["--prompts", "6"]))
+    assert prompts == [p.text for p in load_workload("mixed", 6, split="heldout")]
+    assert "split heldout" in source and "splits.json" in source
+    tuned, source = load_prompts(parser.parse_args(["--prompts", "6", "--split", "tune"]))
+    assert tuned == [p.text for p in load_workload("mixed", 6, split="tune")] and "split tune" in source
+    assert not set(tuned) & set(prompts)
 
 
 def test_the_report_states_the_settings_and_has_a_row_per_block(tmp_path: Path):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from banditspec_client.bench.report import markdown_table
+from banditspec_client.bench.splits import SPLITS, describe
 
 METRICS = {  # aiperf metric tag -> (column, unit)
     "time_to_first_token": ("TTFT", "ms"),
@@ -61,11 +62,11 @@ def server_default_policy(triton_url: str) -> str:
         return f"unknown ({type(exc).__name__})"
 
 
-def write_prompts(path: Path, workload: str, n: int) -> None:
+def write_prompts(path: Path, workload: str, n: int, split: str = "heldout") -> None:
     from banditspec_client.bench.workloads import load_workload
 
     with path.open("w") as f:
-        for prompt in load_workload(workload, n):
+        for prompt in load_workload(workload, n, split=split):
             f.write(json.dumps({"text": prompt.text}) + "\n")
 
 
@@ -123,7 +124,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         f"aiperf {meta['aiperf_version']}, chat endpoint, streaming, greedy (temperature 0), "
         f"{meta['output_tokens']} output tokens asked per request (fewer when the model ends the answer), "
-        f"prompts: the first {meta['prompts']} of the `{meta['workload']}` workload in order. "
+        f"prompts: the first {meta['prompts']} of the `{meta['workload']}` workload in order, split {meta.get('split', 'not recorded')}. "
         f"`default` is the server's default policy, `{meta.get('default_policy', 'unknown')}`; `vanilla` is plain decoding. "
         "Times in ms (mean / p50 / p90 / p99); output tok/s is the whole run's output tokens per second.",
         "",
@@ -169,6 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument("--policies", default="default,vanilla", help="'default' = the server's default policy")
     parser.add_argument("--workload", default="mixed")
+    parser.add_argument("--split", default="heldout", choices=SPLITS,
+                        help="which content-disjoint split the prompts come from (banditspec_client/bench/splits.json)")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--requests-per-stream", type=int, default=4, help="requests = this x concurrency")
@@ -197,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         args.tokenizer = str(model_dir("smollm2"))
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = args.out / "prompts.jsonl"
-    write_prompts(prompts, args.workload, args.prompts)
+    write_prompts(prompts, args.workload, args.prompts, args.split)
     version = subprocess.run([args.aiperf, "--version"], capture_output=True, text=True).stdout.strip()
     results = []
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -226,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         "output_tokens": args.output_tokens,
         "prompts": args.prompts,
         "workload": args.workload,
+        "split": describe(args.split),
         "default_policy": server_default_policy(args.triton_url),
     }
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")

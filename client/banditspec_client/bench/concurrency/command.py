@@ -55,6 +55,7 @@ from banditspec_client.bench.concurrency.load import (
     run_block,
 )
 from banditspec_client.bench.methods import FIXED_DRAFTERS
+from banditspec_client.bench.splits import SPLITS, describe
 from banditspec_client.triton_client import GenerationOptions
 
 DEFAULT_OUT = Path("docs/benchmarks/concurrency")
@@ -166,6 +167,17 @@ def _params(items: list[str]) -> dict[str, str]:
     return out
 
 
+def load_prompts(args: argparse.Namespace) -> tuple[list[str], str]:
+    """The run's prompts and what the report says of them: ``--prompts-file``, or the first
+    ``--prompts`` of ``--workload`` in ``--split``."""
+    from banditspec_client.bench.workloads import load_workload  # the datasets: loaded only when used
+
+    if args.prompts_file is not None:
+        return read_prompts_file(args.prompts_file)[: args.prompts], str(args.prompts_file)
+    prompts = [p.text for p in load_workload(args.workload, args.prompts, split=args.split)]
+    return prompts, f"workload {args.workload}, split {describe(args.split)}, its first {len(prompts)}"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="concurrent closed-loop streams per level")
@@ -173,6 +185,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vanilla, default, <drafter>@<gamma> (a fixed arm) or a policy name; interleaved")
     parser.add_argument("--transports", default="triton,openai", help="triton (streaming gRPC) and/or openai")
     parser.add_argument("--workload", default="mixed", help="prompt set (banditspec_client.bench.workloads)")
+    parser.add_argument("--split", default="heldout", choices=SPLITS,
+                        help="which content-disjoint split --workload's prompts come from "
+                             "(banditspec_client/bench/splits.json): heldout for figures you report, tune for tuning")
     parser.add_argument("--prompts-file", type=Path, default=None,
                         help="prompts from a file (JSON lines with \"text\", or one prompt a line) instead of --workload")
     parser.add_argument("--prompts", type=int, default=24, help="distinct prompts, cycled by the streams")
@@ -250,8 +265,6 @@ def run(args: argparse.Namespace) -> int:
 
     from banditspec_client.bench.concurrency.summary import write_report
     from banditspec_client.bench.through_triton import bench_repository
-    from banditspec_client.bench.workloads import load_workload
-
     levels = _ints(args.concurrency)
     methods = parse_methods(args.methods)
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
@@ -261,12 +274,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--requests-per-stream must be >= 2 (a stream's first request starts with the others)")
     if args.prompts < 1 or args.max_tokens < 1:
         raise SystemExit("--prompts and --max-tokens must be >= 1")
-    if args.prompts_file is not None:
-        prompts = read_prompts_file(args.prompts_file)[: args.prompts]
-        source = str(args.prompts_file)
-    else:
-        prompts = [p.text for p in load_workload(args.workload, args.prompts)]
-        source = f"workload {args.workload}, its first {len(prompts)}"
+    prompts, source = load_prompts(args)
     server_params = _params(args.server_param)
     overrides: dict[str, dict[str, str]] = {
         "target": {"cache_entries": str(2 * max(levels) + len(prompts))},
