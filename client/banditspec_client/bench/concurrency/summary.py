@@ -81,6 +81,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+# plain decoding and the default, drawn thick in colours of their own
+BOLD = {"vanilla": "0.55", "default": "black"}
+
+
 def figure(report: dict, transport: str, path: Path) -> Path | None:
     rows = [x for x in report["rows"] if x["transport"] == transport]
     if not rows:
@@ -94,22 +98,30 @@ def figure(report: dict, transport: str, path: Path) -> Path | None:
         (axes[1][1], "request latency (s): p50 solid, p99 dashed", [("latency_p50_s", "-"), ("latency_p99_s", "--")]),
     ]
     methods = report["settings"]["methods"]
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from matplotlib.colors import to_rgb
+
+    palette = [c for c in plt.rcParams["axes.prop_cycle"].by_key()["color"]
+               if to_rgb(c) != to_rgb("#7f7f7f")]  # grey is plain decoding's
+    others = [m for m in methods if m not in BOLD]
+    if len(others) > len(palette):  # no two methods in one colour
+        palette = [plt.get_cmap("tab20")(i) for i in range(20)]
+    colour = {**BOLD, **{m: palette[i % len(palette)] for i, m in enumerate(others)}}
     for ax, title, series in panels:
-        for i, method in enumerate(methods):
+        for method in methods:
             mine = sorted((x for x in rows if x["method"] == method), key=lambda x: x["concurrency"])
             for key, style in series:
                 points = [(x["concurrency"], x[key]) for x in mine if x[key] is not None]
                 if points:
                     xs, ys = zip(*points)
-                    ax.plot(xs, ys, style, marker="o", color=colours[i % len(colours)],
+                    ax.plot(xs, ys, style, marker="o", color=colour[method],
+                            linewidth=2.5 if method in BOLD else 1.2,
                             label=method if style == "-" else None)
         ax.set_xscale("log", base=2)
         ax.set_xticks(report["settings"]["concurrency"], [str(c) for c in report["settings"]["concurrency"]])
         ax.set_xlabel("concurrent streams")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=8, ncols=2 if len(methods) > 6 else 1)
     s = report["settings"]
     fig.suptitle(f"{transport}: {s['prompts']} prompts, {s['max_tokens']} tokens, L = {s['max_draft_len']}, "
                  f"temperature {s['temperature']}; {report['machine']['cpu_model']}", fontsize=10)
