@@ -301,11 +301,10 @@ def decode_results(tensors: Mapping[str, np.ndarray], reqs: Sequence[VerifyReque
     lengths = np.asarray(tensors.get("sequence_length", np.full(n, output_ids[0].size))).reshape(n, -1)
     hidden = tensors.get("hidden_states")
     passes = tensors.get("verify_pass")
-    if passes is not None and np.asarray(passes).size != n * len(VERIFY_PASS_FIELDS):
-        passes = None
+    pass_rows = None if passes is None or np.asarray(passes).size != n * len(VERIFY_PASS_FIELDS) else np.asarray(passes).reshape(n, -1)
     cached = tensors.get("cached_tokens")
-    if cached is not None and np.asarray(cached).size != n:
-        cached = None  # informs the stats only: never fails a result
+    cached_rows = None if cached is None or np.asarray(cached).size != n else np.asarray(cached).reshape(-1)
+    # (a malformed cached_tokens informs the stats only: it never fails a result)
     results = []
     for i, req in enumerate(reqs):
         row: Tensors = {"output_ids": output_ids[i], "sequence_length": lengths[i]}
@@ -319,10 +318,10 @@ def decode_results(tensors: Mapping[str, np.ndarray], reqs: Sequence[VerifyReque
             if count > states.shape[0]:
                 raise EngineError(f"the target returned {states.shape[0]} hidden states for sequence {i}, {count} expected")
             result.hidden_states = states[:count]
-        if passes is not None:
-            result.verified_in = _verify_pass(np.asarray(passes).reshape(n, -1)[i])
-        if cached is not None:
-            result.cached_tokens = int(np.asarray(cached).reshape(-1)[i])
+        if pass_rows is not None:
+            result.verified_in = _verify_pass(pass_rows[i])
+        if cached_rows is not None:
+            result.cached_tokens = int(cached_rows[i])
         results.append(result)
     return results
 
