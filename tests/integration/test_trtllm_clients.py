@@ -228,7 +228,11 @@ def _sampled(server, seed=None):
 
 
 def test_requests_without_a_seed_draw_fresh_ones_and_the_reported_seed_reproduces_them(server):
-    (text_a, seed_a), (text_b, seed_b) = _sampled(server), _sampled(server)
-    assert seed_a != seed_b and text_a != text_b
+    # Two draws of a short, confident answer can agree by chance (seen at T = 0.8): fresh seeds must
+    # differ every time, and the texts must not all be the same over a few draws.
+    draws = [_sampled(server) for _ in range(5)]
+    seeds = [seed for _, seed in draws]
+    assert len(set(seeds)) == len(seeds) and len({text for text, _ in draws}) > 1, draws
+    text_a, seed_a = draws[0]
     assert _sampled(server, seed_a) == (text_a, seed_a)
     assert _sampled(server, 42) == _sampled(server, 42)
