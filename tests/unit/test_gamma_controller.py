@@ -471,12 +471,16 @@ def test_the_splitter_recognises_continuations_and_keeps_new_sequences_apart():
     assert len(splitter) == 2 and not splitter.is_continuation(following)
 
 
-def test_splitting_a_prefill_out_saves_padded_positions_and_changes_no_result(tiny_engine):
+@pytest.mark.parametrize("kernels", ["onednn", "fast"])
+def test_splitting_a_prefill_out_saves_padded_positions_and_changes_no_result(kernels):
+    """A padded target computes fewer padded positions with the prefill apart; a packed one
+    (the panel kernels) pads nothing either way. The results never change."""
     from banditspec.engine.prefill_split import ContinuationSplitter
+    from banditspec.engine.reference import ReferenceEngine
 
+    tiny_engine = ReferenceEngine.from_name("tiny", max_context=512, kernels=kernels)
     rng = np.random.default_rng(9)
     splitter = ContinuationSplitter()
-    tiny_engine.clear()
     seqs = [rng.integers(1, 2000, size=20).astype(np.int32) for _ in range(3)]
     first = [VerifyRequest(s) for s in seqs]
     for i, (request, result) in enumerate(zip(first, tiny_engine.verify(first))):
@@ -495,7 +499,10 @@ def test_splitting_a_prefill_out_saves_padded_positions_and_changes_no_result(ti
     tiny_engine.verify(first)
     padded = tiny_engine.padded_positions
     together = tiny_engine.verify(batch)
-    assert split_padding < tiny_engine.padded_positions - padded
+    if tiny_engine.packs_rows:
+        assert split_padding == 0 and tiny_engine.padded_positions == padded == 0
+    else:
+        assert split_padding < tiny_engine.padded_positions - padded
     for i, result in enumerate(together):
         assert result.output_ids.tolist() == split_results[i].output_ids.tolist()
 

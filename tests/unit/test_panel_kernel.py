@@ -121,6 +121,42 @@ def test_attention_values_and_rows_bitwise(library, heads, kv_heads):
     assert torch.equal(panel_kernel.attention(library, q, view_k, view_v, lo, hi, 0.125), out)
 
 
+@pytest.mark.parametrize("heads,kv_heads", ATTENTION_HEADS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_attention_is_each_sequences_own_bitwise(library, heads, kv_heads, threads):
+    """Sequences packed side by side, each over its own K/V storage (views of buffers of
+    different capacities): every row bitwise what :func:`attention` gives its sequence alone;
+    18-21 rows a sequence (two row blocks) and 80 rows in all (past the threaded size)."""
+    generator = torch.Generator().manual_seed(heads * 100 + kv_heads)
+    dim = 64
+    shapes = [(37, 21), (0, 1), (150, 18), (5, 20), (64, 20)]  # (cached, fresh) per sequence
+    qs, keys, values, alone = [], [], [], []
+    for cached, fresh in shapes:
+        q = torch.randn(1, heads, fresh, dim, generator=generator)
+        buffer_k = torch.randn(1, kv_heads, cached + fresh + 13, dim, generator=generator)
+        buffer_v = torch.randn(1, kv_heads, cached + fresh + 13, dim, generator=generator)
+        k, v = buffer_k[:, :, : cached + fresh], buffer_v[:, :, : cached + fresh]
+        hi = (torch.arange(fresh) + cached + 1)[None]
+        alone.append(panel_kernel.attention(library, q, k, v, torch.zeros_like(hi), hi, 0.125))
+        qs.append(q)
+        keys.append(k)
+        values.append(v)
+    first = [0]
+    for _, fresh in shapes:
+        first.append(first[-1] + fresh)
+    assert first[-1] >= 64
+    q = torch.cat(qs, dim=2)
+    hi = torch.cat([torch.arange(fresh) + cached + 1 for cached, fresh in shapes])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = panel_kernel.attention_packed(library, q, keys, values, first, torch.zeros_like(hi), hi, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert out.shape == (1, first[-1], heads * dim)
+    assert torch.equal(out, torch.cat(alone, dim=1))
+
+
 def test_attention_softmax_underflow_and_one_key(library):
     """A key far below the others gets weight 0 (not NaN); a single key returns its value."""
     q = torch.zeros(1, 3, 1, 8)

@@ -259,33 +259,68 @@ def _lockstep(engine, prompts, references, drafters, steps, joins_at, hidden=Fal
     return sequences, outputs, passes
 
 
-def test_batched_verify_equals_solo_runs(varied_model):
+@pytest.mark.parametrize("kernels", ["fast", "onednn"])
+def test_batched_verify_equals_solo_runs(varied_model, kernels):
+    """Packed passes (the panel kernels): each sequence's results bitwise its solo ones, no
+    padded row. Padded passes (the other kernels): the same tokens, states within rounding."""
+    model = varied_model if kernels == "fast" else make_llama(512, seed=0)  # onednn re-points the weights
     rng = np.random.default_rng(8)
     prompts = [random_prompt(rng, n) for n in (5, 17, 30, 9)]
-    cold = ReferenceEngine(varied_model, max_context=512)
+    cold = ReferenceEngine(model, max_context=512, kernels=kernels)
     references = [vanilla_greedy(cold, p, 60) for p in prompts]
     drafters = [lambda r, g, s: [], right_draft, wrong_draft, reject_at_step_index]
     joins_at = [0, 0, 3, 5]  # late joiners: rows without cache next to cached rows
 
-    batched = ReferenceEngine(varied_model, max_context=512)
+    batched = ReferenceEngine(model, max_context=512, kernels=kernels)
+    packed = batched.packs_rows
+    assert packed == (kernels == "fast" and batched.kernel_impl == "panel")
     sequences, outputs, passes = _lockstep(batched, prompts, references, drafters, 10, joins_at, hidden=True)
     assert passes == [1] * 10
     for i in range(len(prompts)):
-        solo = ReferenceEngine(varied_model, max_context=512)
+        solo = ReferenceEngine(model, max_context=512, kernels=kernels)
         solo_sequences, solo_outputs, _ = _lockstep(solo, [prompts[i]], [references[i]], [drafters[i]], 10, [joins_at[i]], hidden=True)
         assert sequences[i] == solo_sequences[0]
         generated = sequences[i][len(prompts[i]):]
         assert generated == references[i][: len(generated)]
         for together, alone in zip(outputs[i], solo_outputs[0]):
             assert together.num_accepted == alone.num_accepted
-            np.testing.assert_allclose(together.hidden_states, alone.hidden_states, rtol=1e-4, atol=1e-4)
-    assert batched.padded_positions > 0
+            if packed:
+                np.testing.assert_array_equal(together.hidden_states, alone.hidden_states)
+            else:
+                np.testing.assert_allclose(together.hidden_states, alone.hidden_states, rtol=1e-4, atol=1e-4)
+    assert (batched.padded_positions == 0) if packed else (batched.padded_positions > 0)
+
+
+def test_a_packed_pass_gives_the_same_prefix_twice_its_own_room(varied_model):
+    """Two sequences continuing the same cached prefix in one packed pass (two samples of one
+    prompt) must not write their new K/V into the same buffer room: each gets its solo answer,
+    and so do later steps reading what they cached."""
+    prompt = random_prompt(np.random.default_rng(31), 20)
+    reference = vanilla_greedy(ReferenceEngine(varied_model, max_context=512), prompt, 5)
+    engine = ReferenceEngine(varied_model, max_context=512)
+    engine.verify([VerifyRequest(ids(prompt))])
+    prompt = prompt + reference[:1]  # its cached prefix ends where its buffer's frozen room begins
+    wrong = [(t + 1) % 512 for t in reference[1:4]]
+    # the first keeps its whole (right) draft; the second's longer, wrong one goes later in the
+    # pass (fewest rows first) and would overwrite the first's room
+    pair = [VerifyRequest(ids(prompt), ids(reference[1:3])), VerifyRequest(ids(prompt), ids(wrong))]
+    together = engine.verify(pair)
+    nexts = [VerifyRequest(ids(prompt + r.output_ids.tolist()), hidden_from=0) for r in together]
+    later = engine.verify(nexts)
+    assert together[0].num_accepted == 2 and together[1].num_accepted == 0
+    for request, result, after in zip(pair, together, later):
+        solo = ReferenceEngine(varied_model, max_context=512)
+        (alone,) = solo.verify([request])
+        assert result.output_ids.tolist() == alone.output_ids.tolist()
+        (alone_after,) = solo.verify([VerifyRequest(ids(prompt + alone.output_ids.tolist()), hidden_from=0)])
+        assert after.output_ids.tolist() == alone_after.output_ids.tolist()
+        np.testing.assert_array_equal(after.hidden_states, alone_after.hidden_states)
 
 
 def test_a_long_prefill_in_a_batch_gets_its_own_passes(varied_model):
     """On the panel kernels a prefill of more than 2 x prefill_chunk new tokens leaves the
-    padded batch (its own pass, in passes) and the others are packed into passes of at most
-    2 x prefill_chunk padded rows; every result is bitwise the one-batch result."""
+    batch (its own pass, in passes) and the others are packed into passes of at most
+    2 x prefill_chunk rows; every result is bitwise the one-batch result."""
     rng = np.random.default_rng(9)
     prompts = [random_prompt(rng, n) for n in (100, 12, 70, 20, 9)]
     requests = [VerifyRequest(ids(p), ids([3, 4]), hidden_from=0) for p in prompts]
@@ -296,7 +331,7 @@ def test_a_long_prefill_in_a_batch_gets_its_own_passes(varied_model):
         engine._fast.prefill_chunk = chunk
         passes = engine.forward_passes
         results[chunk] = engine.verify(requests)
-        # chunk 16: 102 and 72 new tokens alone; 11 and 14 together (2 x 14 padded rows <= 32), then 22
+        # chunk 16: 102 and 72 new tokens alone; 11 and 14 together (25 rows <= 32), then 22
         assert engine.forward_passes - passes == (1 if chunk == 1000 else 4)
     for together, apart in zip(results[1000], results[16]):
         assert together.output_ids.tolist() == apart.output_ids.tolist()

@@ -39,6 +39,10 @@ def test_a_pass_is_described_by_what_it_verified_and_how_long_it_took():
     assert (facts.longest, facts.runner_up, facts.deepest) == (3, 1, 7)  # what a padded pass computes
     assert facts.seconds == 0.125
     assert timer.verify(engine, batch[:1], prefill=True)[0].verified_in.serial == 2  # type: ignore[union-attr]
+    engine.packs_rows = True  # a target whose passes are packed pads nothing, and says so
+    packed = timer.verify(engine, batch, prefill=False)[0].verified_in
+    assert packed is not None and (packed.longest, packed.runner_up, packed.deepest) == (0, 0, 0)
+    assert (packed.sequences, packed.rows) == (2, 4)
 
 
 def test_the_pass_travels_with_each_row_and_only_when_asked_for():

@@ -50,9 +50,10 @@ rows pays for feeding k itself
     T(k) = seconds(k, C) + B(R_o + k, C_call) - B(k, C)
 
 (its own round as alone, plus what the others' rows add given its own): T(k) - T(1) is
-the marginal cost of its rows in the current batch. A target that reports what it padded
-(the reference target: every sequence's rows to the longest, its K/V to the deepest context)
-is priced by the fit of its padded passes instead (bandits/pass_cost.py): B(R_o + k) becomes
+the marginal cost of its rows in the current batch (what a packed pass costs: the
+reference target's on the panel kernels, TensorRT-LLM's). A target that reports what it
+padded (the reference target on the other kernels: every sequence's rows to the longest,
+its K/V to the deepest context) can be priced by the fit of its padded passes instead (bandits/pass_cost.py): B(R_o + k) becomes
 the pass of the others and this sequence, padded to max(N_o, k) rows each, N_o the most one
 of the others feeds; a sum of rows cannot see that a draft no longer than N_o is free and
 that each token beyond it costs a row for every sequence. There the controller maximises

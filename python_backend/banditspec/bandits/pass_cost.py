@@ -1,8 +1,10 @@
 """What one pass of a padded-batch target costs, learned from the passes it reports.
 
-The reference target verifies the sequences of a pass as one padded batch
-(engine/reference.py): every sequence's new tokens are padded to the most that any of them
-feeds, its cached K/V are left-padded to the deepest context and gathered into the batch.
+A padded-batch target (the reference target on kernels other than the panel ones,
+engine/reference.py; on the panel kernels its passes are packed and it reports no padding)
+verifies the sequences of a pass as one padded batch: every sequence's new tokens are padded
+to the most that any of them feeds, its cached K/V are left-padded to the deepest context
+and gathered into the batch.
 So a pass of B sequences, the longest feeding N tokens, the deepest after C cached tokens,
 costs about
 

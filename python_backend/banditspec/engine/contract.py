@@ -72,10 +72,11 @@ class VerifyPass:
     produced:  tokens the pass yielded (accepted draft tokens + the target's own)
     context:   the tokens before those fed, averaged over the rows fed
     seconds:   the engine's time for the pass
-    longest:   the most tokens one sequence fed (a padded pass computes that many rows for each)
+    longest:   the most tokens one sequence fed (a padded pass computes that many rows for each);
+               0 from a target that pads nothing (packed rows) or does not say
     runner_up: the most one of the others fed (the second largest; 0 alone): what the
                longest one's pass would have been padded to without it
-    deepest:   the largest context of them (cached K/V are padded to it)
+    deepest:   the largest context of them (cached K/V are padded to it); 0 as ``longest``
     """
 
     serial: int

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from banditspec.engine.kv_buffer import KVBuffer
-from banditspec.engine.panel_kernel import attention
+from banditspec.engine.panel_kernel import attention, attention_packed
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 # A prefill of more than 2 x PREFILL_CHUNK new tokens on the panel kernels runs in passes of
@@ -317,6 +317,68 @@ class FastLlama:
             if index in capture:
                 captured[index] = x
         return self._norm(x, self.final_norm), new_layers, [captured[i] for i in capture]
+
+    def forward_packed(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        segments: list[tuple[int, int]],
+        buffers: list[KVBuffer],
+        capture: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[list[LayerKV]], list[torch.Tensor]]:
+        """Several sequences in one pass without padding (panel kernels only): their new
+        tokens side by side in one row block, as TensorRT-LLM's packed (remove_input_padding)
+        batches are. Every projection runs once over all R rows (the weight streams once);
+        attention runs per sequence against its own buffer, which the step's keys and values
+        are written into in place (no copy of anyone's cache, no padded rows or keys).
+
+        input_ids, position_ids: int64 [1, R], the sequences' new tokens one after another;
+        segments: per sequence (cached tokens, new tokens), in that order (sum of new = R);
+        buffers: per sequence, its KV buffer holding its cached positions (KVBuffer rules).
+        Returns hidden float32 [1, R, H] (after the final norm), per sequence per layer its
+        (keys, values) views of positions 0 .. cached + new - 1, and the captured layers'
+        outputs float32 [1, R, H] each. Every op of a row is the one a solo pass applies to it
+        (row-independent projections, the same attention over the same keys), so each
+        sequence's results are bitwise its solo results."""
+        kernels = cast(ctypes.CDLL, self._kernels)
+        if kernels is None:
+            raise RuntimeError("packed passes need the panel kernels")
+        rows = input_ids.shape[1]
+        heads, kv_heads, hd = self.num_heads, self.kv_heads, self.head_dim
+        q_end, k_end = heads * hd, (heads + kv_heads) * hd
+        bounds: list[tuple[int, int, int]] = []  # per sequence: first row, end row, cached
+        first = 0
+        for cached, fresh in segments:
+            bounds.append((first, first + fresh, cached))
+            first += fresh
+        if first != rows:
+            raise ValueError(f"segments feed {first} rows, input_ids has {rows}")
+        # key ranges: new token t of a sequence sees keys 0 <= j < cached + t + 1 of its own buffer
+        lo = torch.zeros(rows, dtype=torch.long)
+        hi = torch.cat([torch.arange(cached + 1, cached + 1 + end - start, dtype=torch.long)
+                        for start, end, cached in bounds])
+        first_rows = [start for start, _, _ in bounds] + [rows]
+        captured: dict[int, torch.Tensor] = {}
+        layers: list[list[LayerKV]] = [[] for _ in segments]
+        x = F.embedding(input_ids, self.embed)  # [1, R, H]
+        cos, sin = self._rotary(position_ids)  # [1, 1, R, hd]
+        for index, layer in enumerate(self.layers):
+            h = self._norm(x, layer.input_norm)
+            qkv = layer.qkv(h)  # [1, R, (heads + 2 kv_heads) * hd]
+            q = self._rotate(qkv[..., :q_end].view(1, rows, heads, hd).transpose(1, 2), cos, sin)
+            k = self._rotate(qkv[..., q_end:k_end].view(1, rows, kv_heads, hd).transpose(1, 2), cos, sin)
+            v = qkv[..., k_end:].view(1, rows, kv_heads, hd).transpose(1, 2)
+            for b, (start, end, cached) in enumerate(bounds):
+                layers[b].append(buffers[b].append(index, cached, k[:, :, start:end], v[:, :, start:end]))
+            attn = attention_packed(kernels, q, [kv[index][0] for kv in layers], [kv[index][1] for kv in layers],
+                                    first_rows, lo, hi, self.scale)
+            x = x + layer.o(attn)  # [1, R, heads * hd] -> [1, R, H]
+            h = self._norm(x, layer.post_norm)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+            if index in capture:
+                captured[index] = x
+        return self._norm(x, self.final_norm), layers, [captured[i] for i in capture]
 
     def _chunked(
         self,

@@ -60,6 +60,9 @@ def _configure(library: ctypes.CDLL) -> str | None:
     library.bs_panel_isa.restype = ctypes.c_int
     library.bs_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, *[i64] * 5, ctypes.c_float, ctypes.c_int]
     library.bs_attention.restype = None
+    library.bs_attention_packed.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64,
+                                            ctypes.c_float, ctypes.c_int]
+    library.bs_attention_packed.restype = None
     library.bs_i8_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64]
     library.bs_i8_gemm.restype = None
     library.bs_i8_stride.argtypes = [i64]
@@ -223,5 +226,47 @@ def attention(
         q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), k.data_ptr(), v.data_ptr(),
         k.stride(0), k.stride(1), lo.data_ptr(), hi.data_ptr(), out.data_ptr(),
         batch, heads, kv_heads, fresh, dim, scale, torch.get_num_threads(),
+    )
+    return out
+
+
+def attention_packed(
+    library: ctypes.CDLL,
+    q: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    first: list[int],
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`attention` of packed sequences in one call (see kernels/attention.c): each row
+    bitwise what :func:`attention` gives it with its own sequence alone.
+
+    q: float32 [1, H, R, D] (D contiguous), the sequences' rows one after another; keys[s],
+    values[s]: float32 [1, KVH, L_s, D] (rows of D contiguous floats, each sequence's own
+    storage; k and v strided alike); first: [S + 1], sequence s's rows are first[s] ..
+    first[s + 1] - 1; lo, hi: int64 [R], row t attends to its sequence's keys lo[t] <= j < hi[t].
+    Returns float32 [1, R, H * D].
+    """
+    _, heads, rows, dim = q.shape
+    kv_heads = keys[0].shape[1]
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    pairs = []
+    for k, v in zip(keys, values):
+        if k.stride()[2:] != (dim, 1) or v.stride() != k.stride():
+            k, v = k.contiguous(), v.contiguous()
+        pairs.append((k, v))
+    k_ptrs = torch.tensor([k.data_ptr() for k, _ in pairs], dtype=torch.int64)
+    v_ptrs = torch.tensor([v.data_ptr() for _, v in pairs], dtype=torch.int64)
+    head_strides = torch.tensor([k.stride(1) for k, _ in pairs], dtype=torch.int64)
+    bounds = torch.tensor(first, dtype=torch.int64)
+    lo, hi = lo.contiguous(), hi.contiguous()
+    out = torch.empty(1, rows, heads * dim)
+    library.bs_attention_packed(
+        q.data_ptr(), q.stride(1), q.stride(2), k_ptrs.data_ptr(), v_ptrs.data_ptr(), head_strides.data_ptr(),
+        bounds.data_ptr(), len(pairs), lo.data_ptr(), hi.data_ptr(), out.data_ptr(), heads, kv_heads, dim, scale,
+        torch.get_num_threads(),
     )
     return out

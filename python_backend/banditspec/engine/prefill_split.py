@@ -1,10 +1,12 @@
 """Keep prefills out of the decoding batch.
 
-A batched verification pads every sequence's new tokens to the longest in the batch
-(:mod:`banditspec.engine.reference`). A decoding step brings gamma + 1 new tokens, a new
-request brings its whole prompt (hundreds), so one new request in a batch of sixteen
-decoding sequences makes the pass compute sixteen prompts' worth of positions. Under a
-steady arrival of requests nearly every batch holds one, and throughput collapses.
+A decoding step brings gamma + 1 new tokens, a new request brings its whole prompt
+(hundreds). In a padded batch (:mod:`banditspec.engine.reference` on kernels other than the
+panel ones) every sequence's new tokens are padded to the longest, so one new request in a
+batch of sixteen decoding sequences makes the pass compute sixteen prompts' worth of
+positions; in a packed one (the panel kernels) it still makes every decoding step of the
+pass wait for a prompt's worth of rows. Under a steady arrival of requests nearly every
+batch holds one, and throughput collapses.
 
 :class:`ContinuationSplitter` tells the two kinds apart without looking inside the
 engine: after a sequence is verified, the next call of that sequence carries exactly

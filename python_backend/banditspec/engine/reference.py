@@ -8,15 +8,22 @@ sequence: greedy acceptance at temperature 0, speculative sampling otherwise
 :mod:`banditspec.engine.prefix_cache`).
 
 Batching: sequences with different cached lengths ``c_b`` and different numbers of
-new tokens ``n_b`` share one pass. Each sequence's cached K/V are padded on the
-LEFT to the longest cached length ``C``, its new tokens on the RIGHT to the most new
-tokens ``N``; a [B, C + N] attention mask hides both kinds of padding and explicit
-``position_ids`` (``c_b + j``) keep rotary positions right. No query row is ever
-fully masked (each real token sees itself; pad queries see the real tokens before
-them), so no NaN appears; pad rows are discarded. Padding changes the length of
-the attention reductions, so a batched row's hidden states differ from its solo
-run by float rounding (~1e-5 measured); greedy tokens agree unless the target's top
-two logits tie within that noise (true of any change of batch or draft length).
+new tokens ``n_b`` share one pass. On the panel kernels (the default) the pass is
+PACKED, as TensorRT-LLM's inflight batches are (remove_input_padding, paged KV): the
+sequences' new tokens sit side by side in one block of sum(n_b) rows, every projection
+runs once over that block, and each sequence attends to its own K/V buffer, into which
+its new positions are written in place (:meth:`FastLlama.forward_packed`). No row or key
+is padded and no cache is copied, so a pass costs what its rows cost (what the
+controller's batch pricing assumes), and every sequence's results are bitwise its solo
+results. On the other kernels each sequence's cached K/V are padded on the LEFT to the
+longest cached length ``C``, its new tokens on the RIGHT to the most new tokens ``N``;
+a [B, C + N] attention mask hides both kinds of padding and explicit ``position_ids``
+(``c_b + j``) keep rotary positions right. No query row is ever fully masked (each
+real token sees itself; pad queries see the real tokens before them), so no NaN
+appears; pad rows are discarded. There padding changes the length of the attention
+reductions, so a batched row's hidden states differ from its solo run by float
+rounding (~1e-5 measured); greedy tokens agree unless the target's top two logits tie
+within that noise (true of any change of batch or draft length).
 
 Concurrency: ``verify`` may be called from several threads; a lock runs one
 forward pass at a time (batch requests to share a pass).
@@ -349,21 +356,29 @@ class ReferenceEngine:
                 rows.update(zip(group, self._forward([jobs[i] for i in group])))
             return [self._decide(job, rows[i]) for i, job in enumerate(jobs)]
 
+    @property
+    def packs_rows(self) -> bool:
+        """Whether several sequences share a pass packed (their rows side by side, no
+        padding: the panel kernels) rather than padded to the longest (the other kernels)."""
+        return self._fast is not None and self.kernel_impl == "panel"
+
     def _passes(self, jobs: list[_Job]) -> list[list[int]]:
         """Indices of ``jobs`` per forward pass. Panel kernels: a long prefill (more than
         2 x ``prefill_chunk`` new tokens) alone, the others packed, fewest new tokens first,
-        into passes of at most that many padded rows; other kernels: one pass."""
-        if len(jobs) == 1 or self._fast is None or self.kernel_impl != "panel":
+        into passes of at most that many rows; other kernels: one pass."""
+        if len(jobs) == 1 or not self.packs_rows:
             return [list(range(len(jobs)))]
-        limit = 2 * self._fast.prefill_chunk
+        limit = 2 * cast(FastLlama, self._fast).prefill_chunk
         fresh = [len(job.new_tokens) for job in jobs]
         passes = [[i] for i in range(len(jobs)) if fresh[i] > limit]
         group: list[int] = []
+        rows = 0
         for i in sorted((i for i in range(len(jobs)) if fresh[i] <= limit), key=lambda i: fresh[i]):
-            if group and (len(group) + 1) * fresh[i] > limit:  # its rows, padded to the longest so far
+            if group and rows + fresh[i] > limit:
                 passes.append(group)
-                group = []
+                group, rows = [], 0
             group.append(i)
+            rows += fresh[i]
         return passes + ([group] if group else [])
 
     def _plan(self, request: CheckedRequest) -> _Job:
@@ -378,6 +393,8 @@ class ReferenceEngine:
     def _forward(self, jobs: list[_Job]) -> list[_RowOutput]:
         """One pass of the decoder over every job's new tokens; per-row outputs."""
         batch = len(jobs)
+        if batch > 1 and self.packs_rows:
+            return self._forward_packed(jobs)
         cached = [job.start for job in jobs]
         fresh = [len(job.new_tokens) for job in jobs]
         max_cached, max_fresh = max(cached), max(fresh)
@@ -428,6 +445,41 @@ class ReferenceEngine:
         features = [self._features(job, hidden[b, : fresh[b]], capture, [c[b, : fresh[b]] for c in captured])
                     for b, job in enumerate(jobs)]
         return [_RowOutput(features[b], logits[b], layers[b], buffer) for b in range(batch)]
+
+    def _forward_packed(self, jobs: list[_Job]) -> list[_RowOutput]:
+        """:meth:`_forward` of several jobs on the panel kernels, packed (FastLlama.forward_packed):
+        no padded rows, each job's K/V written into its own buffer."""
+        fast = cast(FastLlama, self._fast)
+        cached = [job.start for job in jobs]
+        fresh = [len(job.new_tokens) for job in jobs]
+        input_ids = torch.from_numpy(np.concatenate([job.new_tokens for job in jobs])).view(1, -1)
+        position_ids = torch.cat([torch.arange(c, c + n, dtype=torch.long) for c, n in zip(cached, fresh)]).view(1, -1)
+        # Each job writes into the buffer its prefix lives in when it may (KVBuffer rules);
+        # two jobs continuing the same buffer at the same position (the same prefix twice)
+        # must not write the same room: the second gets a copy.
+        buffers: list[KVBuffer] = []
+        claimed: set[int] = set()
+        for job, c, n in zip(jobs, cached, fresh):
+            previous = job.prefix.buffer if id(job.prefix.buffer) not in claimed else None
+            buffer = KVBuffer.for_step(previous, job.prefix.layers, c, n, self._num_layers, self._kv_heads,
+                                       self._head_dim, self._dtype)
+            claimed.add(id(buffer))
+            buffers.append(buffer)
+        capture = tuple(sorted({a for job in jobs if job.request.hidden_from >= 0
+                                for a in job.request.hidden_layers}))
+        hidden, layers, captured = fast.forward_packed(input_ids, position_ids, list(zip(cached, fresh)), buffers,
+                                                       capture)
+        self.forward_passes += 1
+        self.positions_computed += sum(fresh)
+        # hidden: float32 [1, R, hidden]; job b's rows are ends[b] - fresh[b] .. ends[b] - 1
+        ends = np.cumsum(fresh).tolist()
+        starts = [e - n for e, n in zip(ends, fresh)]
+        first = [s + len(job.request.input_ids) - 1 - job.start for s, job in zip(starts, jobs)]
+        decision_rows = torch.cat([hidden[0, f:e] for f, e in zip(first, ends)])
+        logits = self._lm_head(decision_rows).float().split([job.gamma + 1 for job in jobs])
+        return [_RowOutput(self._features(job, hidden[0, s:e], capture, [c[0, s:e] for c in captured]),
+                           logits[b], layers[b], buffers[b])
+                for b, (job, s, e) in enumerate(zip(jobs, starts, ends))]
 
     @staticmethod
     def _features(job: _Job, last: torch.Tensor, capture: tuple[int, ...],

@@ -35,13 +35,14 @@ class PassTimer:
         fed = [1 + int(np.asarray(r.draft_ids).size) for r in batch]
         contexts = [int(np.asarray(r.input_ids).size) for r in batch]
         rows = sum(fed)
-        ranked = sorted(fed, reverse=True)
+        # what a padded pass computed; an engine that packs its rows pads nothing (and says 0)
+        ranked = [] if getattr(engine, "packs_rows", False) else sorted(fed, reverse=True)
         facts = VerifyPass(
             serial=self.serial, prefill=prefill, sequences=len(batch), rows=rows,
             produced=sum(int(np.asarray(r.output_ids).size) for r in results),
             context=sum(k * c for k, c in zip(fed, contexts)) / rows if rows else 0.0, seconds=seconds,
             longest=ranked[0] if ranked else 0, runner_up=ranked[1] if len(ranked) > 1 else 0,
-            deepest=max(contexts, default=0),
+            deepest=max(contexts, default=0) if ranked else 0,
         )
         for result in results:
             result.verified_in = facts

@@ -198,6 +198,69 @@ static inline int chunk_keys(int64_t lo, int64_t hi, int64_t c0, int64_t *a, int
     return *a < *z;
 }
 
+/* One job: kv head g of one sequence, query rows t = 0 .. rows - 1 of a block. qb: q of
+ * that sequence's head 0, row 0 of the block (element (h, t, d) at qb[h qsh + t qst + d]);
+ * kb, vb: that kv head's keys and values (rows of D floats); lo, hi: the block's rows' key
+ * ranges; ob: out of the block's row 0 ([rows, H, D]); w, acc, sums: scratch for
+ * ROW_BLOCK rows of G3 heads over L keys. */
+__attribute__((target("avx2,fma"))) static void attend_block(
+    const float *qb, int64_t qsh, int64_t qst, const float *kb, const float *vb, const int64_t *lo,
+    const int64_t *hi, int64_t rows, int64_t g, int64_t G, int64_t G3, int64_t H, int64_t D, int64_t L,
+    float scale, float *ob, float *w, float *acc, float *sums) {
+    int64_t jlo = INT64_MAX, jhi = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        if (lo[r] < jlo) jlo = lo[r];
+        if (hi[r] > jhi) jhi = hi[r];
+    }
+    /* scores, keys chunk by chunk, every row and head triple of the block per chunk */
+    for (int64_t c0 = jlo; c0 < jhi; c0 += KEY_CHUNK) {
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t a, z;
+            if (!chunk_keys(lo[r], hi[r], c0, &a, &z)) continue;
+            for (int64_t h3 = 0; h3 < G3; h3 += 3) {
+                const float *qs[3];
+                float *sc[3];
+                for (int i = 0; i < 3; ++i) {
+                    const int64_t hh = (h3 + i) < G ? (h3 + i) : (G - 1);
+                    qs[i] = qb + (g * G + hh) * qsh + r * qst;
+                    sc[i] = w + (r * G3 + h3 + i) * L;
+                }
+                scores3(qs, kb, a, z, D, scale, sc);
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < G3; ++h) {
+            sums[r * G3 + h] = softmax_weights(w + (r * G3 + h) * L, lo[r], hi[r]);
+            memset(acc + (r * G3 + h) * D, 0, (size_t)D * sizeof(float));
+        }
+    }
+    /* weighted sums, chunk by chunk (each element's chain runs on in increasing j) */
+    for (int64_t c0 = jlo; c0 < jhi; c0 += KEY_CHUNK) {
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t a, z;
+            if (!chunk_keys(lo[r], hi[r], c0, &a, &z)) continue;
+            for (int64_t h3 = 0; h3 < G3; h3 += 3) {
+                const float *ws[3];
+                float *as[3];
+                for (int i = 0; i < 3; ++i) {
+                    ws[i] = w + (r * G3 + h3 + i) * L;
+                    as[i] = acc + (r * G3 + h3 + i) * D;
+                }
+                weighted3(ws, vb, a, z, D, as);
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < G; ++h) {
+            const float *a = acc + (r * G3 + h) * D;
+            float *o = ob + (r * H + g * G + h) * D;
+            const __m256 sum = _mm256_set1_ps(sums[r * G3 + h]);
+            for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(a + d), sum));
+        }
+    }
+}
+
 __attribute__((target("avx2,fma"))) void bs_attention(
     const float *q, int64_t qsb, int64_t qsh, int64_t qst, const float *k, const float *v,
     int64_t kvsb, int64_t kvsh, const int64_t *lo, const int64_t *hi, float *out, int64_t B,
@@ -221,63 +284,9 @@ __attribute__((target("avx2,fma"))) void bs_attention(
             const int64_t b = job / (KVH * row_blocks), g = (job / row_blocks) % KVH;
             const int64_t t0 = (job % row_blocks) * ROW_BLOCK;
             const int64_t rows = (T - t0) < ROW_BLOCK ? (T - t0) : ROW_BLOCK;
-            const float *kb = k + b * kvsb + g * kvsh, *vb = v + b * kvsb + g * kvsh;
-            int64_t jlo = INT64_MAX, jhi = 0;
-            for (int64_t r = 0; r < rows; ++r) {
-                if (lo[b * T + t0 + r] < jlo) jlo = lo[b * T + t0 + r];
-                if (hi[b * T + t0 + r] > jhi) jhi = hi[b * T + t0 + r];
-            }
-            /* scores, keys chunk by chunk, every row and head triple of the block per chunk */
-            for (int64_t c0 = jlo; c0 < jhi; c0 += KEY_CHUNK) {
-                for (int64_t r = 0; r < rows; ++r) {
-                    const int64_t t = t0 + r;
-                    int64_t a, z;
-                    if (!chunk_keys(lo[b * T + t], hi[b * T + t], c0, &a, &z)) continue;
-                    for (int64_t h3 = 0; h3 < G3; h3 += 3) {
-                        const float *qs[3];
-                        float *sc[3];
-                        for (int i = 0; i < 3; ++i) {
-                            const int64_t hh = (h3 + i) < G ? (h3 + i) : (G - 1);
-                            qs[i] = q + b * qsb + (g * G + hh) * qsh + t * qst;
-                            sc[i] = w + (r * G3 + h3 + i) * L;
-                        }
-                        scores3(qs, kb, a, z, D, scale, sc);
-                    }
-                }
-            }
-            for (int64_t r = 0; r < rows; ++r) {
-                const int64_t t = t0 + r;
-                for (int64_t h = 0; h < G3; ++h) {
-                    sums[r * G3 + h] = softmax_weights(w + (r * G3 + h) * L, lo[b * T + t], hi[b * T + t]);
-                    memset(acc + (r * G3 + h) * D, 0, (size_t)D * sizeof(float));
-                }
-            }
-            /* weighted sums, chunk by chunk (each element's chain runs on in increasing j) */
-            for (int64_t c0 = jlo; c0 < jhi; c0 += KEY_CHUNK) {
-                for (int64_t r = 0; r < rows; ++r) {
-                    const int64_t t = t0 + r;
-                    int64_t a, z;
-                    if (!chunk_keys(lo[b * T + t], hi[b * T + t], c0, &a, &z)) continue;
-                    for (int64_t h3 = 0; h3 < G3; h3 += 3) {
-                        const float *ws[3];
-                        float *as[3];
-                        for (int i = 0; i < 3; ++i) {
-                            ws[i] = w + (r * G3 + h3 + i) * L;
-                            as[i] = acc + (r * G3 + h3 + i) * D;
-                        }
-                        weighted3(ws, vb, a, z, D, as);
-                    }
-                }
-            }
-            for (int64_t r = 0; r < rows; ++r) {
-                const int64_t t = t0 + r;
-                for (int64_t h = 0; h < G; ++h) {
-                    const float *a = acc + (r * G3 + h) * D;
-                    float *o = out + ((b * T + t) * H + g * G + h) * D;
-                    const __m256 sum = _mm256_set1_ps(sums[r * G3 + h]);
-                    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(a + d), sum));
-                }
-            }
+            attend_block(q + b * qsb + t0 * qst, qsh, qst, k + b * kvsb + g * kvsh, v + b * kvsb + g * kvsh,
+                         lo + b * T + t0, hi + b * T + t0, rows, g, G, G3, H, D, L, scale,
+                         out + (b * T + t0) * H * D, w, acc, sums);
         }
         free(w);
         free(acc);
@@ -285,3 +294,51 @@ __attribute__((target("avx2,fma"))) void bs_attention(
     }
 }
 
+/* Packed sequences (no padding): S sequences' query rows side by side, R in all; sequence
+ * s owns rows first[s] .. first[s + 1] - 1 and attends to its own keys and values, kv head g
+ * at ks[s] + g kvsh[s] (and vs[s] likewise), rows of D floats. q: element (h, t, d) at
+ * q[h qsh + t qst + d], t over all R rows; lo, hi: [R]; out: [R, H, D] contiguous. Each
+ * row's arithmetic is bs_attention's for that sequence alone (bitwise the same); the jobs
+ * (sequence, kv head, block of a sequence's rows) are shared out over the threads for calls
+ * of PARALLEL_MIN_ROWS rows or more, as bs_attention's. */
+__attribute__((target("avx2,fma"))) void bs_attention_packed(
+    const float *q, int64_t qsh, int64_t qst, const int64_t *ks, const int64_t *vs, const int64_t *kvsh,
+    const int64_t *first, int64_t S, const int64_t *lo, const int64_t *hi, float *out, int64_t H, int64_t KVH,
+    int64_t D, float scale, int threads) {
+    const int64_t G = H / KVH;
+    const int64_t G3 = (G + 2) / 3 * 3;
+    const int64_t R = first[S];
+    int64_t L = 1, jobs = 0;
+    for (int64_t i = 0; i < R; ++i)
+        if (hi[i] > L) L = hi[i];
+    for (int64_t s = 0; s < S; ++s) jobs += KVH * ((first[s + 1] - first[s] + ROW_BLOCK - 1) / ROW_BLOCK);
+    int64_t *table = (int64_t *)malloc((size_t)(jobs > 0 ? jobs : 1) * 3 * sizeof(int64_t)); /* (s, g, t0) */
+    int64_t n = 0;
+    for (int64_t s = 0; s < S; ++s)
+        for (int64_t g = 0; g < KVH; ++g)
+            for (int64_t t0 = first[s]; t0 < first[s + 1]; t0 += ROW_BLOCK) {
+                table[3 * n] = s;
+                table[3 * n + 1] = g;
+                table[3 * n + 2] = t0;
+                ++n;
+            }
+#pragma omp parallel num_threads(threads) if (threads > 1 && R >= PARALLEL_MIN_ROWS)
+    {
+        float *w = (float *)malloc((size_t)(ROW_BLOCK * G3 * L) * sizeof(float));
+        float *acc = (float *)malloc((size_t)(ROW_BLOCK * G3 * D) * sizeof(float));
+        float *sums = (float *)malloc((size_t)(ROW_BLOCK * G3) * sizeof(float));
+#pragma omp for schedule(dynamic)
+        for (int64_t job = 0; job < jobs; ++job) {
+            const int64_t s = table[3 * job], g = table[3 * job + 1], t0 = table[3 * job + 2];
+            const int64_t rows = (first[s + 1] - t0) < ROW_BLOCK ? (first[s + 1] - t0) : ROW_BLOCK;
+            const float *kb = (const float *)(intptr_t)ks[s] + g * kvsh[s];
+            const float *vb = (const float *)(intptr_t)vs[s] + g * kvsh[s];
+            attend_block(q + t0 * qst, qsh, qst, kb, vb, lo + t0, hi + t0, rows, g, G, G3, H, D, L, scale,
+                         out + t0 * H * D, w, acc, sums);
+        }
+        free(w);
+        free(acc);
+        free(sums);
+    }
+    free(table);
+}
