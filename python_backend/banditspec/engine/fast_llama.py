@@ -310,13 +310,18 @@ class FastLlama:
             else:
                 attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
                 attn = attn.transpose(1, 2).reshape(batch, fresh, heads * hd)
-            x = x + layer.o(attn)
-            h = self._norm(x, layer.post_norm)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = self._output_and_mlp(layer, x, attn)
             if index in capture:
                 captured[index] = x
         return self._norm(x, self.final_norm), new_layers, [captured[i] for i in capture]
+
+    def _output_and_mlp(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The rest of a decoder layer after attention: x [..., H] plus the output projection of
+        ``attn`` [..., heads * hd], then plus the SiLU-gated MLP of its post-attention norm."""
+        x = x + layer.o(attn)
+        h = self._norm(x, layer.post_norm)
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)
+        return x + layer.down(F.silu(gate) * up)
 
     def forward_packed(
         self,
@@ -372,10 +377,7 @@ class FastLlama:
                 layers[b].append(buffers[b].append(index, cached, k[:, :, start:end], v[:, :, start:end]))
             attn = attention_packed(kernels, q, [kv[index][0] for kv in layers], [kv[index][1] for kv in layers],
                                     first_rows, lo, hi, self.scale)
-            x = x + layer.o(attn)  # [1, R, heads * hd] -> [1, R, H]
-            h = self._norm(x, layer.post_norm)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = self._output_and_mlp(layer, x, attn)  # attn [1, R, heads * hd] -> x [1, R, H]
             if index in capture:
                 captured[index] = x
         return self._norm(x, self.final_norm), layers, [captured[i] for i in capture]
