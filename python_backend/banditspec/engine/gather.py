@@ -19,7 +19,9 @@ drafting, and only for them:
   return), so that every sequence shares one pass: on a packed target a pass costs a weight
   stream plus its rows, and two half passes cost one weight stream more than one whole
   (``banditspec bench-load --server-param verify_gather_hold=true`` against the default
-  measures it; experiments/ab_verify_gather.sh compares gathering with the batcher's delay).
+  measures it: within the noise on 2 cores, docs/benchmarks/history.md, since the target idles
+  while the held call's controllers work; experiments/ab_verify_gather.sh compares gathering
+  with the batcher's delay).
 
 What a pass of R rows costs, and what the other sequences put into a step, is what the
 controller prices a request's draft by under load (:class:`~banditspec.bandits.cost_model.BatchCost`,
