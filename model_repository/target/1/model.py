@@ -75,7 +75,7 @@ class TritonPythonModel:
             counts[i] = len(decoded)
         results = [None] * len(rows)
         # Decoding steps share one pass; new sequences (prefills) get their own, so that a
-        # prompt does not pad every decoding sequence to its length.
+        # prompt does not hold up every decoding step (nor, on padding kernels, pad it).
         for prefill, group in self.splitter.passes(rows):
             self._verify(rows, group, results, owner, responses, prefill)
         for i, count in enumerate(counts):
