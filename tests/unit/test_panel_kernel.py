@@ -150,7 +150,8 @@ def test_packed_attention_is_each_sequences_own_bitwise(library, heads, kv_heads
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = panel_kernel.attention_packed(library, q, keys, values, first, torch.zeros_like(hi), hi, 0.125)
+        out = panel_kernel.attention_packed(library, q, keys, values, torch.tensor(first), torch.zeros_like(hi), hi,
+                                            0.125)
     finally:
         torch.set_num_threads(before)
     assert out.shape == (1, first[-1], heads * dim)

@@ -291,6 +291,27 @@ def test_batched_verify_equals_solo_runs(varied_model, kernels):
     assert (batched.padded_positions == 0) if packed else (batched.padded_positions > 0)
 
 
+def test_a_sampled_packed_pass_gives_each_sequence_its_solo_draw(varied_model):
+    """Temperature > 0 in a packed pass: each sequence's logits are bitwise its solo ones, so
+    its seeded draw (deterministic drafts, and drafts with the drafter's probabilities) is too."""
+    rng = np.random.default_rng(33)
+    prompts = [random_prompt(rng, n) for n in (6, 19, 11, 27)]
+    probs = rng.random((3, 512)).astype(np.float32)
+    requests = [VerifyRequest(ids(prompts[0]), ids([3, 4, 5]), temperature=0.9, seed=1),
+                VerifyRequest(ids(prompts[1]), temperature=0.7, seed=2),
+                VerifyRequest(ids(prompts[2]), ids([7, 8, 9]), probs / probs.sum(axis=1, keepdims=True),
+                              temperature=1.2, seed=3),
+                VerifyRequest(ids(prompts[3]), ids([1, 2]), seed=4)]  # greedy beside them
+    engine = ReferenceEngine(varied_model, max_context=512)
+    assert engine.packs_rows
+    together = engine.verify(requests)
+    assert engine.padded_positions == 0
+    for request, result in zip(requests, together):
+        (alone,) = ReferenceEngine(varied_model, max_context=512).verify([request])
+        assert result.output_ids.tolist() == alone.output_ids.tolist()
+        assert result.num_accepted == alone.num_accepted
+
+
 def test_a_packed_pass_gives_the_same_prefix_twice_its_own_room(varied_model):
     """Two sequences continuing the same cached prefix in one packed pass (two samples of one
     prompt) must not write their new K/V into the same buffer room: each gets its solo answer,

@@ -229,22 +229,6 @@ def test_a_step_that_comes_while_a_call_is_out_goes_at_once():
     assert time.monotonic() - began < 0.45
 
 
-def test_held_steps_wait_for_the_call_at_the_target_and_share_the_next_pass():
-    """hold: a step that comes while a call is out waits for it, and for the sequences it
-    carried (the window again, from its return): the two groups merge into one call."""
-    inner = SlowCountingEngine(seconds=0.05)
-    gatherer = VerifyGatherer(inner, window_s=0.2, max_rows=8, active=lambda: 2, hold=True)
-    first = threading.Thread(target=_decode, args=(gatherer, [1, 2], 3))
-    first.start()  # alone for its first step: waits out the window, then its call is out
-    time.sleep(0.22)
-    got = _decode(gatherer, [3, 4], 2)
-    first.join(5)
-    assert not inner.overlapped
-    # the second's first step held until the first's call returned, then every step together
-    assert inner.sizes == [1, 2, 2], inner.sizes
-    assert got == _decode(MockEngine(vocab_size=50, eos_id=0, max_context=4096), [3, 4], 2)
-
-
 def test_a_refused_sequence_fails_alone():
     inner = SlowCountingEngine(poison=7)
     starts = [[1, 2], [7, 7], [3, 4]]

@@ -345,9 +345,9 @@ class FastLlama:
         outputs float32 [1, R, H] each. Every op of a row is the one a solo pass applies to it
         (row-independent projections, the same attention over the same keys), so each
         sequence's results are bitwise its solo results."""
-        kernels = cast(ctypes.CDLL, self._kernels)
-        if kernels is None:
+        if self._kernels is None:
             raise RuntimeError("packed passes need the panel kernels")
+        kernels = self._kernels
         rows = input_ids.shape[1]
         heads, kv_heads, hd = self.num_heads, self.kv_heads, self.head_dim
         q_end, k_end = heads * hd, (heads + kv_heads) * hd
@@ -362,7 +362,7 @@ class FastLlama:
         lo = torch.zeros(rows, dtype=torch.long)
         hi = torch.cat([torch.arange(cached + 1, cached + 1 + end - start, dtype=torch.long)
                         for start, end, cached in bounds])
-        first_rows = [start for start, _, _ in bounds] + [rows]
+        first_rows = torch.tensor([start for start, _, _ in bounds] + [rows], dtype=torch.long)  # [S + 1]
         captured: dict[int, torch.Tensor] = {}
         layers: list[list[LayerKV]] = [[] for _ in segments]
         x = F.embedding(input_ids, self.embed)  # [1, R, H]

@@ -12,16 +12,10 @@ drafting, and only for them:
   the batcher's delay did, but only while company is really coming);
 * while a call of this gatherer is at the target, a step goes at once: it would only queue
   behind that call, and the target's batcher (no delay) merges what queued when it frees,
-  so the target never idles while steps are waiting. The sequences then settle into groups
-  that take turns at the target (one group's controllers work while the other's pass runs),
-  each group a pass of its own. ``hold`` (off by default) instead keeps such a step until the
-  call at the target returns and its members are back (the window again, counted from the
-  return), so that every sequence shares one pass: on a packed target a pass costs a weight
-  stream plus its rows, and two half passes cost one weight stream more than one whole
-  (``banditspec bench-load --server-param verify_gather_hold=true`` against the default
-  measures it: within the noise on 2 cores, docs/benchmarks/history.md, since the target idles
-  while the held call's controllers work; experiments/ab_verify_gather.sh compares gathering
-  with the batcher's delay).
+  so the target never idles while steps are waiting (holding such steps in the controller
+  for the busy call's members instead ran slower than the batcher's delay at 8 streams, and
+  on packed passes it gained nothing consistent: docs/benchmarks/history.md;
+  experiments/ab_verify_gather.sh compares the paths).
 
 What a pass of R rows costs, and what the other sequences put into a step, is what the
 controller prices a request's draft by under load (:class:`~banditspec.bandits.cost_model.BatchCost`,
@@ -92,7 +86,7 @@ class VerifyGatherer:
     most sequences one call carries."""
 
     def __init__(self, inner: Engine, *, window_s: float, max_rows: int, active: Callable[[], int] = lambda: 1,
-                 clock: Callable[[], float] = time.monotonic, hold: bool = False):
+                 clock: Callable[[], float] = time.monotonic):
         if window_s < 0:
             raise ValueError(f"window_s must be >= 0, got {window_s}")
         if max_rows < 1:
@@ -109,8 +103,6 @@ class VerifyGatherer:
         self._cond = threading.Condition()
         self._waiting: list[_Slot] = []
         self._in_flight = 0  # calls of this gatherer at the target
-        self._hold = hold  # keep steps while a call is at the target (module docstring)
-        self._freed_at = 0.0  # when the last call at the target returned
         self._first_wait = 0.0  # when the oldest waiting step arrived
         self.calls = 0  # gathered calls sent
         self.rows = 0  # sequences they carried
@@ -156,12 +148,8 @@ class VerifyGatherer:
                 self._cond.wait()
                 continue
             now = self._clock()
-            full = len(self._waiting) >= min(self._active(), self._max_rows)
-            if self._hold and self._in_flight and not full:
-                self._cond.wait()  # the call at the target returns first (_send notifies)
-                continue
-            due = max(self._first_wait, self._freed_at if self._hold else 0.0) + self._window
-            if self._in_flight or full or now >= due:
+            due = self._first_wait + self._window
+            if self._in_flight or len(self._waiting) >= min(self._active(), self._max_rows) or now >= due:
                 group = [slot] + [s for s in self._waiting if s is not slot][: self._max_rows - 1]
                 for s in group:
                     s.sent = True
@@ -237,8 +225,6 @@ class VerifyGatherer:
                 for s in group:
                     s.done = True
                 self._in_flight -= 1
-                if not self._in_flight:
-                    self._freed_at = self._clock()
                 self._cond.notify_all()
         if timed is not None and self._observer is not None:
             try:

@@ -235,7 +235,7 @@ def attention_packed(
     q: torch.Tensor,
     keys: list[torch.Tensor],
     values: list[torch.Tensor],
-    first: list[int],
+    first: torch.Tensor,
     lo: torch.Tensor,
     hi: torch.Tensor,
     scale: float,
@@ -245,8 +245,8 @@ def attention_packed(
 
     q: float32 [1, H, R, D] (D contiguous), the sequences' rows one after another; keys[s],
     values[s]: float32 [1, KVH, L_s, D] (rows of D contiguous floats, each sequence's own
-    storage; k and v strided alike); first: [S + 1], sequence s's rows are first[s] ..
-    first[s + 1] - 1; lo, hi: int64 [R], row t attends to its sequence's keys lo[t] <= j < hi[t].
+    storage; k and v strided alike); first: int64 [S + 1], sequence s's rows are first[s] ..
+    first[s + 1] - 1 (built once a pass, shared by its layers); lo, hi: int64 [R], row t attends to its sequence's keys lo[t] <= j < hi[t].
     Returns float32 [1, R, H * D].
     """
     _, heads, rows, dim = q.shape
@@ -261,7 +261,7 @@ def attention_packed(
     k_ptrs = torch.tensor([k.data_ptr() for k, _ in pairs], dtype=torch.int64)
     v_ptrs = torch.tensor([v.data_ptr() for _, v in pairs], dtype=torch.int64)
     head_strides = torch.tensor([k.stride(1) for k, _ in pairs], dtype=torch.int64)
-    bounds = torch.tensor(first, dtype=torch.int64)
+    bounds = first.contiguous()
     lo, hi = lo.contiguous(), hi.contiguous()
     out = torch.empty(1, rows, heads * dim)
     library.bs_attention_packed(

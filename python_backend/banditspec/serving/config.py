@@ -138,8 +138,6 @@ class ServingConfig:
     # verify_gather_us for the others (0: a request per step; banditspec.engine.gather).
     verify_gather_us: int = 2000
     verify_max_rows: int = 16
-    # keep a step while a call is at the target, so that every sequence shares one pass
-    verify_gather_hold: bool = False
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> ServingConfig:
@@ -192,7 +190,6 @@ class ServingConfig:
             bookkeeping=check_bookkeeping(p.text("bookkeeping", "background")),
             verify_gather_us=p.integer("verify_gather_us", 2000, low=0),
             verify_max_rows=p.integer("verify_max_rows", 16, low=1),
-            verify_gather_hold=p.flag("verify_gather_hold", False),
         )
 
     @classmethod

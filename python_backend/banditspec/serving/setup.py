@@ -78,8 +78,7 @@ def build_controller(params: ParameterSource, infer: InferFn) -> Controller:
     # controller gathers them; TensorRT-LLM batches in flight on its own).
     served: Engine = engine
     if reference and config.verify_gather_us > 0:
-        served = VerifyGatherer(engine, window_s=config.verify_gather_us / 1e6, max_rows=engine.max_rows,
-                                hold=config.verify_gather_hold)
+        served = VerifyGatherer(engine, window_s=config.verify_gather_us / 1e6, max_rows=engine.max_rows)
     budget = make_gamma_budget(config.gamma_controller, config.gamma_controller_max)
     decoder = SpeculativeDecoder.for_engine(
         engine,
