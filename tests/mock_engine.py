@@ -61,6 +61,10 @@ class MockEngine:
             results.append(VerifyResult(np.asarray(out, dtype=np.int32), accepted))
         return results
 
+    def fresh_tokens(self, request: VerifyRequest) -> int:
+        """What verifying ``request`` feeds (no prefix cache here: all of it)."""
+        return int(np.asarray(request.input_ids).size + np.asarray(request.draft_ids).size)
+
     def vanilla(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
         seq, out = list(prompt), []
         while len(out) < max_tokens:

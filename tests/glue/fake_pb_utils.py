@@ -101,6 +101,21 @@ class Request:
         return self.sender
 
 
+def answers(target, requests) -> list:
+    """The target adapter's response to each request: returned by ``execute``, or (answering
+    early) sent once through each request's response sender, with the final flag."""
+    returned = target.execute(requests)
+    if returned is not None:
+        return returned
+    out = []
+    for request in requests:
+        (sent,) = request.sender.sent  # exactly one response, and it is the last
+        response, flags = sent
+        assert flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL and response is not None
+        out.append(response)
+    return out
+
+
 def get_input_tensor_by_name(request, name):
     return request.tensors.get(name)
 

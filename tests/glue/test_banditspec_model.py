@@ -19,6 +19,7 @@ from banditspec.paths import REPO_ROOT
 
 from tests.fake_tokenizer import ByteTokenizer
 from tests.glue import fake_pb_utils
+from tests.glue.fake_pb_utils import answers
 from tests.mock_engine import MockEngine
 
 REPO = REPO_ROOT / "model_repository"
@@ -62,8 +63,7 @@ def stack(monkeypatch):
 
     def bls(model_name, tensors, outputs):
         assert model_name == "target"
-        request = fake_pb_utils.Request(tensors)
-        (response,) = target_holder["model"].execute([request])
+        (response,) = answers(target_holder["model"], [fake_pb_utils.Request(tensors)])
         return response
 
     pb = fake_pb_utils.make_module(bls)
@@ -139,7 +139,7 @@ def test_target_adapter_rejects_bad_tensors_per_request(stack):
     _, target, engine = stack
     good = fake_pb_utils.Request({"input_ids": np.array([[1, 2, 3]], dtype=np.int32), "input_lengths": np.array([[3]], dtype=np.int32)})
     bad = fake_pb_utils.Request({"input_ids": np.array([[1, 2, 3]], dtype=np.int32), "input_lengths": np.array([[9]], dtype=np.int32)})
-    responses = target.execute([bad, good])
+    responses = answers(target, [bad, good])
     assert responses[0].has_error() and responses[0].error().message().startswith("input_lengths")
     assert not responses[1].has_error()
     assert engine.batches[-1] == 1
@@ -151,9 +151,37 @@ def test_target_adapter_verifies_a_batch_in_one_engine_call(stack):
         fake_pb_utils.Request({"input_ids": np.array([[1, 2, 3 + i]], dtype=np.int32), "draft_input_ids": np.array([[4, 5]], dtype=np.int32)})
         for i in range(3)
     ]
-    responses = target.execute(reqs)
+    responses = answers(target, reqs)
     assert engine.batches[-1] == 3
     assert all(not r.has_error() for r in responses)
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_answering_early_runs_the_smaller_pass_first_and_answers_each_request_once(stack, early):
+    """Two continuing sequences (3 rows each) and a new one (a 2-token prompt): answering
+    early, the new sequence's pass (2 rows) goes first; either way every request gets its
+    own answer, and the same one."""
+    _, target, engine = stack
+    target.answer_early = early
+
+    def step(ids, draft=()):
+        tensors = {"input_ids": np.array([ids], dtype=np.int32)}
+        if draft:
+            tensors["draft_input_ids"] = np.array([draft], dtype=np.int32)
+        return fake_pb_utils.Request(tensors)
+
+    first = answers(target, [step([1, 2, 3, 4]), step([1, 2, 3, 5])])  # two new sequences
+    following = [np.concatenate([[1, 2, 3, 4 + i], fake_pb_utils.get_output_tensor_by_name(r, "output_ids").as_numpy()
+                                 .reshape(-1)]).astype(np.int32).tolist() for i, r in enumerate(first)]
+    engine.batches.clear()
+    requests = [step(following[0], (7, 8)), step([9, 10]), step(following[1], (7, 8))]
+    responses = answers(target, requests)
+    assert engine.batches == ([1, 2] if early else [2, 1])  # the new sequence alone, then the others
+    assert all(not r.has_error() for r in responses)
+    alone = [answers(target, [step(following[0], (7, 8))])[0], answers(target, [step([9, 10])])[0]]
+    for got, want in zip(responses[:2], alone):
+        assert np.array_equal(fake_pb_utils.get_output_tensor_by_name(got, "output_ids").as_numpy(),
+                              fake_pb_utils.get_output_tensor_by_name(want, "output_ids").as_numpy())
 
 
 def test_initialize_freezes_the_loaded_heap_unless_told_not_to(monkeypatch):

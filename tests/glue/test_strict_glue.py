@@ -10,6 +10,7 @@ import pytest
 from banditspec.errors import parse_retry_after
 
 from tests.glue import fake_pb_utils
+from tests.glue.fake_pb_utils import answers
 from tests.glue.test_banditspec_model import CountingMock, config_args, load_model_module, request, stack  # noqa: F401
 
 FINAL = fake_pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -86,18 +87,18 @@ def test_the_target_adapter_returns_each_request_of_a_batch_its_solo_result(monk
     solo = []
     for ids, draft in cases:
         target, _ = fresh_target()
-        (response,) = target.execute([_target_request(ids, draft)])
+        (response,) = answers(target, [_target_request(ids, draft)])
         solo.append(_outputs(response))
     assert len({str(s) for s in solo}) == len(cases), "the cases must differ for the check to mean anything"
     target, engine = fresh_target()
-    batched = target.execute([_target_request(ids, draft) for ids, draft in cases])
+    batched = answers(target, [_target_request(ids, draft) for ids, draft in cases])
     assert engine.batches == [len(cases)]  # one engine call for the whole batch
-    answers = [_outputs(r) for r in batched]
+    got = [_outputs(r) for r in batched]
     # the pass each row was verified in: the one pass, holding every case (fields: VERIFY_PASS_FIELDS)
-    passes = [a.pop("verify_pass") for a in answers]
+    passes = [a.pop("verify_pass") for a in got]
     for s in solo:
         s.pop("verify_pass")
-    assert answers == solo
+    assert got == solo
     assert all(p == passes[0] for p in passes) and passes[0][0][2] == len(cases)
     assert passes[0][0][3] == sum(1 + len(draft or ()) for _, draft in cases)
 
@@ -119,13 +120,13 @@ def test_the_target_adapter_answers_a_request_of_several_sequences_row_by_row(mo
     reqs = [VerifyRequest(np.array(ids, np.int32), np.array(draft, np.int32)) for ids, draft in cases]
     solo = [engine.verify([r])[0] for r in reqs]
     engine.batches.clear()
-    (response,) = target.execute([fake_pb_utils.Request(encode_requests(reqs, with_reference_extras=True))])
+    (response,) = answers(target, [fake_pb_utils.Request(encode_requests(reqs, with_reference_extras=True))])
     assert engine.batches == [len(cases)]
     rows = decode_results({t.name(): t.as_numpy() for t in response.output_tensors}, reqs)
     assert [(r.output_ids.tolist(), r.num_accepted) for r in rows] == [(r.output_ids.tolist(), r.num_accepted) for r in solo]
     bad = [VerifyRequest(np.array([5, 6], np.int32)), VerifyRequest(np.array([5, 10**6], np.int32))]
     good = fake_pb_utils.Request(encode_requests(reqs[:1], with_reference_extras=True))
-    refused, answered = target.execute([fake_pb_utils.Request(encode_requests(bad, with_reference_extras=True)), good])
+    refused, answered = answers(target, [fake_pb_utils.Request(encode_requests(bad, with_reference_extras=True)), good])
     assert refused.has_error() and "input_ids" in refused.error().message() and "sequence 1" in refused.error().message()
     assert not answered.has_error()
 
@@ -148,7 +149,7 @@ def test_the_target_adapter_maps_engine_failures_to_codes(stack, monkeypatch, fa
         raise failure()
 
     monkeypatch.setattr(engine, "verify", fail)
-    (response,) = target.execute([_target_request([1, 2, 3])])
+    (response,) = answers(target, [_target_request([1, 2, 3])])
     assert response.has_error()
     assert response.error().code() == getattr(fake_pb_utils.TritonError, code)
     assert response.error().message().startswith(prefix)

@@ -6,6 +6,7 @@ import faulthandler
 import logging
 import signal
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 from banditspec.engine.contract import REFERENCE_EXTRA_INPUTS, TARGET_INPUTS
 from banditspec.engine.prefill_split import ContinuationSplitter
@@ -42,6 +43,7 @@ class TritonPythonModel:
             factory = triton_family_factory(pb_utils)
             self.metrics = TargetEngineMetrics(factory, model=args.get("model_name", "target"), version=args.get("model_version", "1"))
         self.splitter = ContinuationSplitter()
+        self.answer_early = config.answer_early
         self.passes = PassTimer()  # each answer says the pass it was verified in (the controller's batch cost)
         # batches > 1 seen from outside: nv_banditspec_target_verified_sequences / _verify_batches
         self.batch_metrics = VerifyBatchMetrics(
@@ -76,17 +78,60 @@ class TritonPythonModel:
         results = [None] * len(rows)
         # Decoding steps share one pass; new sequences (prefills) get their own, so that a
         # prompt does not hold up every decoding step (nor, on padding kernels, pad it).
-        for prefill, group in self.splitter.passes(rows):
+        passes = self.splitter.passes(rows)
+        if not self.answer_early:
+            for prefill, group in passes:
+                self._verify(rows, group, results, owner, responses, prefill)
+            self._answer(responses, results, owner, counts)
+            self._sample_metrics()
+            return responses
+        # Early answers: the smaller pass first (shortest job first: a new sequence whose
+        # prompt is cached waits for one small pass, not for the others' decoding step too; a
+        # prompt to compute waits for them), and every request answered as soon as its rows
+        # are verified, through its response sender (one final response each).
+        sent = [False] * len(requests)
+        for prefill, group in sorted(passes, key=lambda p: self._pass_size(rows, p)):
             self._verify(rows, group, results, owner, responses, prefill)
+            self._answer(responses, results, owner, counts)
+            self._send(requests, responses, sent)
+        self._send(requests, responses, sent)
+        self._sample_metrics()
+        return None
+
+    def _pass_size(self, rows, planned):
+        """Tokens a pass will feed: a continuation 1 + its draft, a new sequence what the
+        prefix cache does not hold of its prompt."""
+        prefill, group = planned
+        if not prefill:
+            return sum(1 + int(np.size(rows[g].draft_ids)) for g in group)
+        try:
+            return sum(self.engine.fresh_tokens(rows[g]) for g in group)
+        except Exception:  # the pass itself will say what is wrong; order it last
+            log.exception("sizing a pass failed")
+            return float("inf")
+
+    def _answer(self, responses, results, owner, counts):
+        """A response for every request whose rows are all verified and that has none yet."""
         for i, count in enumerate(counts):
-            if count and responses[i] is None:
-                mine = [r for r, o in zip(results, owner) if o == i]
-                responses[i] = pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(k, v) for k, v in encode_results(mine).items()]
-                )
+            if not count or responses[i] is not None:
+                continue
+            mine = [r for r, o in zip(results, owner) if o == i]
+            if any(r is None for r in mine):
+                continue
+            responses[i] = pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(k, v) for k, v in encode_results(mine).items()]
+            )
+
+    @staticmethod
+    def _send(requests, responses, sent):
+        for i, response in enumerate(responses):
+            if response is not None and not sent[i]:
+                requests[i].get_response_sender().send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sent[i] = True
+
+    def _sample_metrics(self):
         if self.metrics is not None:
             self.metrics.update(sample_engine(self.engine))
-        return responses
 
     def _verify(self, rows, group, results, owner, responses, prefill):
         """One engine call for ``rows[group]``; a failure answers each owning request with it."""

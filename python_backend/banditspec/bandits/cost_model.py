@@ -37,30 +37,35 @@ function of (its statistics, the snapshot it read).
 
 Under load (:class:`BatchCost`): concurrent sequences' steps reach the target as one
 batched call (engine/gather.py), and a sequence's extra rows make that call slower for
-every sequence in it. ``CostModel.batch`` prices a batched call by its rows R (the tokens
-fed by all its sequences) and their mean context, with the same surface as above (k
-becomes R): ``B(R, C)``. Until gathered calls have been observed, B is this model's own
-calibrated curve, extended over R by its line (a row costs the same whichever sequence
-feeds it); every pass the target reports (:meth:`BatchCost.observe_pass`: its rows, sequences
-and engine time, however many callers' groups the target's batcher merged into it) refines
-it, and so does, from a target that reports none, every gathered call that did not queue
-behind another. A request whose step joins others feeding R_o
-rows pays for feeding k itself
+every sequence in it. A batched pass of a packed target costs ``B(S, R, C)`` for S sequences
+feeding R rows in all after a mean context C: a term per sequence apart from the rows' convex
+curve (bandits/pass_cost.py, ``PackedShape``), fitted over every pass the target reports
+(:meth:`BatchCost.observe_pass`: its rows, sequences and engine time, however many callers'
+groups the target's batcher merged into it) and, from a target that reports none, every
+gathered call that did not queue behind another; the calibration's lone passes stay in every
+fit (:meth:`BatchCost.anchor_pass`): where every sequence under load feeds one row, they alone
+tell a row's cost from a sequence's. A request whose step joins S_o others
+feeding R_o rows pays for feeding k itself
 
-    T(k) = seconds(k, C) + B(R_o + k, C_call) - B(k, C)
+    T(k) = seconds(k, C) + B(S_o + 1, R_o + k, C_call) - B(1, k, C)
 
-(its own round as alone, plus what the others' rows add given its own): T(k) - T(1) is
-the marginal cost of its rows in the current batch (what a packed pass costs: the
-reference target's on the panel kernels, TensorRT-LLM's). A target that reports what it
-padded (the reference target on the other kernels: every sequence's rows to the longest,
-its K/V to the deepest context) can be priced by the fit of its padded passes instead (bandits/pass_cost.py): B(R_o + k) becomes
-the pass of the others and this sequence, padded to max(N_o, k) rows each, N_o the most one
-of the others feeds; a sum of rows cannot see that a draft no longer than N_o is free and
-that each token beyond it costs a row for every sequence. There the controller maximises
-E / T(k), as if the others drafted as it does (bandits/costaware.py says why). The controller maximises the call's
-goodput (E_o + E) / T(k), E_o the tokens the others yield (bandits/costaware.py). With
-no other sequence in flight ``load()`` is None and the single-sequence model decides
-alone, as it does in a process without a gatherer.
+(its own round as alone, plus what the others add given its own): T(k) - T(1) is the
+marginal cost of its rows in the current batch. Until that fit can tell a sequence from a row
+(passes of two or more sizes and draft lengths), and under ``batch_pricing: rows``, B is a
+curve over rows alone, ``CostModel`` with k become R: this model's own calibrated curve,
+extended over R by its line, until batched passes are observed. Over rows alone a sequence's
+cost lands on its rows (rows and sequences grow together under load), and the fewer tokens
+the sequences draft, the dearer a drafted token looks. A target that reports what it padded
+(the reference target on the other kernels: every sequence's rows to the longest, its K/V to
+the deepest context) can be priced by the fit of its padded passes instead (``batch_pricing:
+padded``): B(R_o + k) becomes the pass of the others and this sequence, padded to max(N_o, k)
+rows each, N_o the most one of the others feeds; a sum of rows cannot see that a draft no
+longer than N_o is free and that each token beyond it costs a row for every sequence. There
+the controller maximises E / T(k), as if the others drafted as it does (bandits/costaware.py
+says why). Otherwise the controller maximises the call's goodput (E_o + E) / T(k), E_o the
+tokens the others yield (bandits/costaware.py). With no other sequence in flight ``load()``
+is None and the single-sequence model decides alone, as it does in a process without a
+gatherer.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from banditspec.bandits.pass_cost import PassCost, PassShape
+from banditspec.bandits.pass_cost import PackedShape, PassCost, PassShape
 from banditspec.engine.contract import VerifyPass
 from banditspec.errors import BanditSpecValidationError
 
@@ -452,10 +457,11 @@ class BatchLoad:
     deepest: float = 0.0
 
 
-# How a batched step is priced: by the tokens fed (summed rows; a TensorRT-LLM target's packed
-# batches, and the default) or, where the target reports its padded passes, by the fit of those
-# (bandits/pass_cost.py).
-BATCH_PRICINGS = ("rows", "padded")
+# How a batched step is priced: by the fit of packed passes, a sequence apart from its rows (the
+# reference target on the panel kernels, TensorRT-LLM's inflight batches; the default), by the
+# tokens fed alone (summed rows), or, where the target reports its padded passes, by the fit of
+# those (bandits/pass_cost.py).
+BATCH_PRICINGS = ("packed", "rows", "padded")
 
 
 def check_batch_pricing(mode: str) -> str:
@@ -481,7 +487,7 @@ class BatchCost:
     (``bind_active_sequences``: the server's exact count; unbound, a sequence is always
     alone, as in a process that decodes one request at a time)."""
 
-    def __init__(self, single: CostModel, max_sequences: int = 32, pricing: str = "rows"):
+    def __init__(self, single: CostModel, max_sequences: int = 32, pricing: str = "packed"):
         self.single = single
         self.pricing = check_batch_pricing(pricing)
         self.rows = CostModel(max(1, max_sequences) * single.max_tokens, batch_sequences=0)
@@ -500,6 +506,7 @@ class BatchCost:
         self._longest = 0.0
         self._deepest = 0.0
         self.passes = PassCost()
+        self.packed = PassCost(shape=PackedShape)
         self.prefill_calls = 0
 
     def bind_active_sequences(self, active: Callable[[], int]) -> None:
@@ -523,6 +530,7 @@ class BatchCost:
         self._learn(n, verified.rows / n, verified.produced / n, verified.context)
         if verified.seconds > 0:
             self.rows.observe(verified.rows, verified.seconds, round(verified.context))
+            self.packed.observe(PackedShape(n, verified.rows, verified.context), verified.seconds)
         if verified.longest < 1:  # a target that does not say what it padded
             return
         self.passes.observe(PassShape(n, verified.longest, verified.deepest), verified.seconds)
@@ -535,6 +543,13 @@ class BatchCost:
                 rate = max(LOAD_RATE, 1.0 / self._passes_shared)
                 self._longest += rate * (others_longest - self._longest)
                 self._deepest += rate * (verified.deepest - self._deepest)
+
+    def anchor_pass(self, verified: VerifyPass) -> None:
+        """A lone pass of the calibration, kept in the fit of packed passes for good: under
+        load the passes may all feed one row a sequence, and then only these tell a row's cost
+        from a sequence's."""
+        if not verified.prefill and verified.seconds > 0 and verified.rows >= 1:
+            self.packed.anchor(PackedShape(verified.sequences, verified.rows, verified.context), verified.seconds)
 
     def observe_call(self, fed: Sequence[int], contexts: Sequence[int], produced: Sequence[int],
                      seconds: float, continues: Sequence[bool], queued: bool = False) -> None:
@@ -556,7 +571,9 @@ class BatchCost:
                         sum(contexts[i] for i in steps) / n)
         if len(steps) == len(fed) and not queued:
             rows = sum(fed)
-            self.rows.observe(rows, seconds, round(sum(k * c for k, c in zip(fed, contexts)) / rows))
+            context = sum(k * c for k, c in zip(fed, contexts)) / rows
+            self.rows.observe(rows, seconds, round(context))
+            self.packed.observe(PackedShape(len(fed), rows, context), seconds)
 
     def _learn(self, sequences: float, rows: float, tokens: float, context: float) -> None:
         """A step's sequences, and per continuing sequence its rows, tokens and context, into
@@ -593,6 +610,8 @@ class BatchCost:
         own = self.single.curve_list(context)
         if self.padded(load):
             return self._padded_step_seconds(own, 0 if context is None else int(context), load)
+        if self.pricing == "packed" and self.packed.ready():
+            return self._packed_step_seconds(own, 0 if context is None else int(context), load)
         if self.rows.observed():
             c = 0 if context is None else int(context)
             call = (load.rows * load.context + c) / (load.rows + 1.0)  # the call's mean context
@@ -604,6 +623,19 @@ class BatchCost:
         for k in range(1, len(own)):
             extra = _row_cost(joined, load.rows + k) - _row_cost(alone, float(k))
             out.append(max(out[-1], own[k] + max(0.0, extra)))
+        return out
+
+    def _packed_step_seconds(self, own: list[float], context: int, load: BatchLoad) -> list[float]:
+        """step_seconds from the fit of packed passes: the pass of the others and this sequence
+        feeding k, less this sequence's pass alone, on top of the lone curve. The others'
+        sequences cost the same whatever k: only the rows' curve charges a draft."""
+        sequences = load.others + 1.0
+        out = [own[0]]
+        for k in range(1, len(own)):
+            rows = load.rows + k
+            joined = self.packed.seconds(PackedShape(sequences, rows, (load.rows * load.context + k * context) / rows))
+            alone = self.packed.seconds(PackedShape(1.0, float(k), float(context)))
+            out.append(max(out[-1], own[k] + max(0.0, joined - alone)))
         return out
 
     def padded(self, load: BatchLoad) -> bool:
@@ -643,6 +675,7 @@ class BatchCost:
             summary["others_longest"] = round(load.longest, 3)
             summary["deepest"] = round(load.deepest, 1)
         summary["pass_fit"] = self.passes.as_dict()
+        summary["packed_fit"] = self.packed.as_dict()
         return summary
 
 

@@ -356,6 +356,15 @@ class ReferenceEngine:
                 rows.update(zip(group, self._forward([jobs[i] for i in group])))
             return [self._decide(job, rows[i]) for i, job in enumerate(jobs)]
 
+    def fresh_tokens(self, request: VerifyRequest) -> int:
+        """The tokens verifying ``request`` would feed now: its input less what the prefix
+        cache holds of it, and its draft (the size of its pass, to order passes by)."""
+        checked = validate_request(request, self.vocab_size, self.max_context, self._num_layers)
+        with self._lock:
+            prefix = self.cache.lookup(checked.input_ids, len(checked.input_ids) - 1, checked.hidden_from,
+                                       checked.feature_kind)
+        return len(checked.input_ids) + len(checked.draft_ids) - prefix.length
+
     @property
     def packs_rows(self) -> bool:
         """Whether several sequences share a pass packed (their rows side by side, no

@@ -126,7 +126,7 @@ class ServingConfig:
     drafter_deadline_s: float = 0.5
     gamma_controller: str = "off"  # off | ucb | fixed:<K> (banditspec.gamma_controller.budgets)
     gamma_controller_max: int = 4
-    batch_pricing: str = "rows"  # rows | padded (banditspec.bandits.cost_model.BatchCost)
+    batch_pricing: str = "packed"  # packed | rows | padded (banditspec.bandits.cost_model.BatchCost)
     metrics: bool = True
     metrics_log_interval_s: float = 60.0  # 0: no summary log line
     gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.serving.heap)
@@ -183,7 +183,7 @@ class ServingConfig:
             drafter_deadline_s=p.integer("drafter_deadline_ms", 500) / 1000.0,
             gamma_controller=p.text("gamma_controller", "off"),
             gamma_controller_max=p.integer("gamma_controller_max", 4),
-            batch_pricing=check_batch_pricing(p.text("batch_pricing", "rows")),
+            batch_pricing=check_batch_pricing(p.text("batch_pricing", "packed")),
             metrics=p.flag("metrics", True),
             metrics_log_interval_s=p.number("metrics_log_interval_s", 60.0, low=0, unit=" of seconds"),
             gc_freeze=p.flag("gc_freeze", True),
@@ -208,6 +208,9 @@ class TargetModelConfig:
     torch_threads: int = 0  # 0: torch's default
     kernels: str = "fast"  # fast (panel, bitwise exact) | onednn | transformers (fp32) | int8 (not exact)
     gc_freeze: bool = True  # freeze the loaded heap out of the garbage collector's walks (banditspec.serving.heap)
+    # new sequences' pass first, and each request answered as soon as its rows are verified
+    # (not when the whole batch is): a new request's first token does not wait for the others' step
+    answer_early: bool = True
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str]) -> TargetModelConfig:
@@ -219,6 +222,7 @@ class TargetModelConfig:
             torch_threads=p.integer("torch_threads", 0),
             kernels=p.text("kernels", "fast"),
             gc_freeze=p.flag("gc_freeze", True),
+            answer_early=p.flag("answer_early", True),
         )
 
 

@@ -47,7 +47,7 @@ def calibrate_cost_model(decoder: SpeculativeDecoder, engine: Engine, *, max_tok
         cached = max(1, min(cached, int(getattr(engine, "max_context", 1 << 20)) - growth))
         sequence = rng.integers(100, high, size=cached).astype(np.int32)
 
-        def step(k: int) -> float:
+        def step(k: int, timed: bool = True) -> float:
             """One decoding step feeding k tokens (the last one generated and k - 1
             drafted); the sequence goes on with what the target returned."""
             nonlocal sequence
@@ -57,10 +57,12 @@ def calibrate_cost_model(decoder: SpeculativeDecoder, engine: Engine, *, max_tok
             (result,) = engine.verify([request])
             seconds = decoder.clock() - start
             sequence = np.concatenate([sequence, np.asarray(result.output_ids, np.int32).reshape(-1)])
+            if timed and model.batch is not None and result.verified_in is not None:
+                model.batch.anchor_pass(result.verified_in)  # a lone pass: what a row costs
             return seconds
 
-        step(1)  # the prefill (untimed), as a request's first step
-        step(1)  # untimed: the first step after a prefill
+        step(1, timed=False)  # the prefill, as a request's first step
+        step(1, timed=False)  # the first step after a prefill
         for _ in range(reps):
             for k in ks:
                 context = len(sequence)  # what the loop reports: the tokens before the round

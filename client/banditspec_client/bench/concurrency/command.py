@@ -200,6 +200,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="the requests' seed when sampling")
     parser.add_argument("--server-param", action="append", default=[], metavar="KEY=VALUE",
                         help="a banditspec model parameter for this run (e.g. gamma_controller=ucb); repeatable")
+    parser.add_argument("--target-param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a parameter of the target model (model_repository/target/config.pbtxt), e.g. answer_early=true")
     parser.add_argument("--torch-threads", type=int, default=None, help="the target's torch threads (default: the server's)")
     parser.add_argument("--bls-threads", type=int, default=None,
                         help="the Python backend's thread-pool-size (default: 2 x the largest concurrency + 8)")
@@ -277,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
     prompts, source = load_prompts(args)
     server_params = _params(args.server_param)
     overrides: dict[str, dict[str, str]] = {
-        "target": {"cache_entries": str(2 * max(levels) + len(prompts))},
+        "target": {"cache_entries": str(2 * max(levels) + len(prompts)), **_params(args.target_param)},
         "banditspec": dict(server_params),
     }
     needed = sum(level * _per_stream(args, level) for level in levels)
@@ -307,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
         "max_draft_len": server_params.get("default_max_draft_len", _repository_default("default_max_draft_len")),
         "torch_threads": args.torch_threads if args.torch_threads is not None else
         f"{_repository_default('torch_threads', 'target')} (the repository's default; 0: torch's own choice)",
-        "server_params": server_params, "model": args.model,
+        "server_params": server_params, "target_params": _params(args.target_param), "model": args.model,
     }
     report: dict = {
         "command": "banditspec bench-load " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
