@@ -79,7 +79,7 @@ class TritonPythonModel:
         # Decoding steps share one pass; new sequences (prefills) get their own, so that a
         # prompt does not hold up every decoding step (nor, on padding kernels, pad it).
         passes = self.splitter.passes(rows)
-        if not self.answer_early:
+        if not self.answer_early or len(requests) == 1:  # one request: nothing to answer early
             for prefill, group in passes:
                 self._verify(rows, group, results, owner, responses, prefill)
             self._answer(responses, results, owner, counts)
