@@ -272,8 +272,19 @@ def record(args: argparse.Namespace, prompts: list[tuple[str, str]] | None) -> t
                   for (kind, _), p, out in tqdm(list(zip(prompts, ids, outputs)), desc="recording proposals")]
         _write_lines(path, [json.dumps(t.as_dict()) for t in traces])
     for name in (d for d in names if d in COSTLY):
-        _record_costly(args, name, traces, tokenizer, cache_dir() / "traces" / f"{key}-{name}-v2.jsonl", engine)
+        _record_costly(args, name, traces, tokenizer, cache_dir() / "traces" / f"{key}-{name}-{_costly_version(name)}.jsonl",
+                       engine)
     return traces, tokenizer
+
+
+def _costly_version(name: str) -> str:
+    """What a costly drafter's recorded proposals depend on besides the traces: for Eagle, the
+    served head's weights (a cache recorded with another head must not be reused)."""
+    if name == "eagle":
+        from banditspec.drafters.eagle import head_weights
+
+        return f"v2-{head_weights().stem}"
+    return "v2"
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:

@@ -451,9 +451,12 @@ class TritonServer:
     def _send_warm_ups(grpc_url: str, models: list[str]) -> None:
         from banditspec_client.triton_client import GenerationOptions, generate_grpc
 
+        # The model's default policy, not plain decoding: its first step also asks the target for
+        # the states the served Eagle head reads, and from then on the target keeps those for
+        # every sequence it caches, so a prompt cached by any request serves the head too.
         for model in models:
             try:
-                generate_grpc(grpc_url, "warm-up", GenerationOptions(max_tokens=1, policy="vanilla"), model_name=model,
+                generate_grpc(grpc_url, "warm-up", GenerationOptions(max_tokens=1), model_name=model,
                               timeout=WARM_UP_ANSWER_S)
             except Exception as exc:  # the gauge is what tells; a failure here is in the log
                 print(f"tritonserver: warm-up request to {model} failed: {exc}", file=sys.stderr, flush=True)

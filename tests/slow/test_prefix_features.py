@@ -170,3 +170,47 @@ def test_the_default_arms_reuse_a_prompt_prefix_they_share(smollm2_stack):
     # Eagle is in the arm set: its features from the start of its window on the prompt
     assert request.hidden_from == first_feature(len(second), DEFAULT_PROMPT_WINDOW) > 0
     assert positions == len(second) - shared + len(request.draft_ids)
+
+
+def test_a_windowed_request_reuses_what_a_request_without_layer_states_cached(smollm2_stack):
+    """A head with a window on the prompt asks for layer states from h > 0. Its entries hold
+    them from h on (not from 0), and once a kind has been asked for, every sequence's entry
+    holds it: a conversation's next turn and a prompt a plain request cached are reused, not
+    the window recomputed, with the states of a cleared cache."""
+    engine = smollm2_stack.engine
+    _, second, third, _ = code_prompts(engine.tokenizer)
+    window = DEFAULT_PROMPT_WINDOW
+    kept = engine._kept_kinds
+    engine._kept_kinds = []  # as a fresh server: no kind asked for yet
+    try:
+        engine.clear()
+        engine.verify([VerifyRequest(ids(second))])  # plain decoding cached the prompt, without layer states
+        turn = VerifyRequest(ids(second), hidden_from=first_feature(len(second), window), hidden_layers=EAGLE3)
+        positions = engine.positions_computed
+        (first_turn,) = engine.verify([turn])
+        assert engine.positions_computed - positions == len(second) - turn.hidden_from  # the window, once
+        # the next turn: its window starts after the last one's, inside what that turn stored
+        follow_up = second + first_turn.output_ids.tolist() + third[-20:]
+        request = VerifyRequest(ids(follow_up), hidden_from=first_feature(len(follow_up), window), hidden_layers=EAGLE3)
+        positions = engine.positions_computed
+        (warm,) = engine.verify([request])
+        # its new tokens only (the last turn's output token was not verified yet: not cached)
+        assert engine.positions_computed - positions == len(follow_up) - len(second)
+        engine.clear()
+        (cold,) = engine.verify([request])
+        assert warm.output_ids.tolist() == cold.output_ids.tolist()
+        assert_same_states(engine, warm.hidden_states, cold.hidden_states)
+
+        # the kind is kept now: a prompt cached by plain decoding serves a windowed request whole
+        engine.clear()
+        engine.verify([VerifyRequest(ids(third))])
+        request = VerifyRequest(ids(third), hidden_from=first_feature(len(third), window), hidden_layers=EAGLE3)
+        positions = engine.positions_computed
+        (warm,) = engine.verify([request])
+        assert engine.positions_computed - positions == 1  # the last prompt token, fed as always
+        engine.clear()
+        (cold,) = engine.verify([request])
+        assert warm.output_ids.tolist() == cold.output_ids.tolist()
+        assert_same_states(engine, warm.hidden_states, cold.hidden_states)
+    finally:
+        engine._kept_kinds = kept

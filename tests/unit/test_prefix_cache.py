@@ -91,3 +91,40 @@ def test_an_extension_supersedes_only_entries_whose_kinds_it_holds():
     assert hit.length == 10 and EAGLE3 in hit.features
     cache.store(ids(range(10, 26)), kv(16), {(): states(16), EAGLE3: states(16, 100.0)})
     assert len(cache) == 1 and cache.cached_tokens() == 16  # holds every kind of both: supersedes
+
+
+def test_features_held_from_a_start_serve_requests_from_that_start_on():
+    cache = PrefixCache()
+    # positions 4..9 of EAGLE-3 states only (a head's window on the prompt)
+    cache.store(ids(range(10, 20)), kv(10), {(): states(10), EAGLE3: states(6, 104.0)}, feature_from={EAGLE3: 4})
+    sequence = ids(list(range(10, 20)) + [99])
+    hit = cache.lookup(sequence, 10, hidden_from=4, kind=EAGLE3)
+    assert hit.length == 10 and hit.feature_from == {EAGLE3: 4}
+    assert torch.equal(hit.features[EAGLE3], states(6, 104.0))  # row j is position 4 + j
+    assert cache.lookup(sequence, 10, hidden_from=7, kind=EAGLE3).length == 10
+    assert cache.lookup(sequence, 10, hidden_from=3, kind=EAGLE3).length == 3  # states before 4 unknown
+    # a prefix that ends inside the held rows is cut like the KV; one that ends before them has none
+    cut = cache.lookup(ids(list(range(10, 17)) + [99]), 7, hidden_from=5, kind=EAGLE3)
+    assert cut.length == 7 and torch.equal(cut.features[EAGLE3], states(3, 104.0))
+    short = cache.lookup(ids(list(range(10, 13)) + [99]), 3)
+    assert short.length == 3 and EAGLE3 not in short.features and short.feature_from == {}
+
+
+def test_store_checks_the_features_length_from_their_start():
+    cache = PrefixCache()
+    with pytest.raises(ValueError, match="features"):
+        cache.store(ids(range(10, 20)), kv(10), {EAGLE3: states(10)}, feature_from={EAGLE3: 4})
+    with pytest.raises(ValueError, match="features"):
+        cache.store(ids(range(10, 20)), kv(10), {EAGLE3: states(0)}, feature_from={EAGLE3: 10})
+    assert len(cache) == 0
+
+
+def test_an_extension_holding_a_kind_from_later_does_not_supersede():
+    cache = PrefixCache()
+    cache.store(ids(range(10, 20)), kv(10), {(): states(10), EAGLE3: states(8, 102.0)}, feature_from={EAGLE3: 2})
+    cache.store(ids(range(10, 25)), kv(15), {(): states(15), EAGLE3: states(10, 105.0)}, feature_from={EAGLE3: 5})
+    assert len(cache) == 2  # the first holds EAGLE-3 from 2, the extension only from 5
+    assert cache.lookup(ids(range(10, 30)), 19, hidden_from=3, kind=EAGLE3).length == 10
+    assert cache.lookup(ids(range(10, 30)), 19, hidden_from=6, kind=EAGLE3).length == 15
+    cache.store(ids(range(10, 26)), kv(16), {(): states(16), EAGLE3: states(15, 101.0)}, feature_from={EAGLE3: 1})
+    assert len(cache) == 1  # from 1: holds all either did

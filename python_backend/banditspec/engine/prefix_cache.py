@@ -6,11 +6,15 @@ feeds the rest through the model.
 
 Features: a request that asks for hidden states from position ``h`` (Eagle drafters)
 needs the target's states at the reused positions too, which KV alone cannot give. So
-an entry also keeps, per *feature kind*, the states of all its positions: float32
-[n, F], tagged with the kind that produced them (the request's ``hidden_layers``:
-``()`` = the last post-norm state, otherwise those decoder layers' outputs
-concatenated). A request asking for states of kind ``K`` from ``h`` may reuse more than
-``h`` positions only from an entry holding ``K``; other entries serve it up to ``h``.
+an entry also keeps, per *feature kind*, the states of its positions from some position
+``s`` on: float32 [n - s, F], tagged with the kind that produced them (the request's
+``hidden_layers``: ``()`` = the last post-norm state, otherwise those decoder layers'
+outputs concatenated) and with ``s`` (``feature_from``; 0 for ``()``, which every pass
+computes). A request asking for states of kind ``K`` from ``h`` may reuse more than ``h``
+positions only from an entry holding ``K`` from ``s <= h``; other entries serve it up to
+``h``. Why a start: a head that reads only a window of the prompt asks for ``K`` from
+``h > 0``, so its entries could never hold ``K`` from position 0, and the next turn of a
+conversation would recompute that window of its history.
 
 Rules that keep the cache trustworthy:
 
@@ -21,10 +25,12 @@ Rules that keep the cache trustworthy:
   past them into the entry's :class:`~banditspec.engine.kv_buffer.KVBuffer`, whose
   positions below its frozen length (every stored entry's) are never written again, so a
   rejected draft or a diverging sequence cannot corrupt an entry;
-* an entry's features cover exactly its positions 0..n-1 (never a part of them), so a
-  kind is either wholly usable or absent; they are cut like the KV on a lookup;
+* an entry's features of a kind cover exactly its positions ``feature_from[kind]``..n-1,
+  so a kind is usable from that position on or not at all; they are cut like the KV on a
+  lookup;
 * storing a sequence drops the entries it extends (they are its prefixes), unless one
-  holds a feature kind the new entry lacks (dropping it would lose those features);
+  holds a feature kind the new entry lacks, or holds from an earlier position (dropping
+  it would lose those features);
 * at most ``max_entries`` entries and ``max_tokens`` tokens in all; least recently
   used entries are evicted first. The budget counts positions, not bytes: a position
   of an entry costs its KV (2 * layers * kv_heads * head_dim floats, ~46 KB on
@@ -51,7 +57,8 @@ if TYPE_CHECKING:
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
 FeatureKind = tuple[int, ...]  # a request's hidden_layers: () = the last post-norm state
-Features = dict[FeatureKind, torch.Tensor]  # kind -> float32 [positions, F]
+Features = dict[FeatureKind, torch.Tensor]  # kind -> float32 [positions from its start, F]
+FeatureStarts = dict[FeatureKind, int]  # kind -> the first position its features cover (absent: 0)
 
 
 def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
@@ -75,13 +82,14 @@ def cache_from_layers(layers: list[LayerKV]) -> DynamicCache:
 @dataclass
 class CacheEntry:
     """token_ids: int32 [n]; layers: per layer (keys, values), float32 [1, kv_heads, n, head_dim];
-    features: per kind, float32 [n, F] (positions 0..n-1); buffer: the growable storage the
-    layers are views of (None: tensors of their own)."""
+    features: per kind, float32 [n - s, F] (positions s..n-1, s = feature_from.get(kind, 0));
+    buffer: the growable storage the layers are views of (None: tensors of their own)."""
 
     token_ids: np.ndarray
     layers: list[LayerKV]
     features: Features = field(default_factory=dict)
     buffer: KVBuffer | None = None
+    feature_from: FeatureStarts = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -90,14 +98,15 @@ class CacheEntry:
 @dataclass(frozen=True)
 class PrefixHit:
     """The reusable prefix of a sequence: its length, its KV (per layer, batch 1) and the
-    features its entry holds, per kind float32 [length, F] (views, like the KV); buffer: the
-    entry's growable KV storage, if any (a step may append in place when ``length`` is its
-    frozen length)."""
+    features its entry holds within it, per kind float32 [length - s, F] (positions s..length-1,
+    s = feature_from.get(kind, 0) < length; views, like the KV); buffer: the entry's growable
+    KV storage, if any (a step may append in place when ``length`` is its frozen length)."""
 
     length: int
     layers: list[LayerKV] | None
     features: Features = field(default_factory=dict)
     buffer: KVBuffer | None = None
+    feature_from: FeatureStarts = field(default_factory=dict)
 
     def as_cache(self) -> DynamicCache | None:
         return None if self.layers is None else cache_from_layers(self.layers)
@@ -133,14 +142,15 @@ class PrefixCache:
         """The longest usable cached prefix of token_ids, at most max_length tokens long.
 
         token_ids: int32 [seq_len]. With hidden_from = h >= 0 the caller needs states of
-        ``kind`` from position h: an entry without features of that kind serves at most h
-        positions. Of equally long prefixes, one whose entry holds ``kind`` is preferred
-        (what is stored next can keep them). The returned KV and features are views cut
-        to the prefix; the entry is marked as recently used and stays unchanged.
+        ``kind`` from position h: an entry without features of that kind from a position
+        <= h serves at most h positions. Of equally long prefixes, one whose entry holds
+        ``kind`` is preferred (what is stored next can keep them). The returned KV and
+        features are views cut to the prefix (a kind that starts at or past its end left
+        out); the entry is marked as recently used and stays unchanged.
         """
         best_key, best_rank = None, (0, False)
         for key, entry in self._entries.items():
-            has_kind = kind in entry.features
+            has_kind = kind in entry.features and entry.feature_from.get(kind, 0) <= max(hidden_from, 0)
             limit = max_length if hidden_from < 0 or has_kind else min(max_length, hidden_from)
             rank = (min(common_prefix_length(entry.token_ids, token_ids), limit), has_kind)
             if rank[0] > 0 and rank > best_rank:
@@ -151,14 +161,16 @@ class PrefixCache:
         self.hits += 1
         entry, length = self._entries[best_key], best_rank[0]
         layers = [(k[:, :, :length], v[:, :, :length]) for k, v in entry.layers]
-        return PrefixHit(length, layers, {name: f[:length] for name, f in entry.features.items()}, entry.buffer)
+        starts = {name: entry.feature_from.get(name, 0) for name in entry.features}
+        features = {name: f[: length - starts[name]] for name, f in entry.features.items() if starts[name] < length}
+        return PrefixHit(length, layers, features, entry.buffer, {name: starts[name] for name in features if starts[name]})
 
     def store(self, token_ids: np.ndarray, layers: list[LayerKV], features: Features | None = None,
-              buffer: KVBuffer | None = None) -> None:
+              buffer: KVBuffer | None = None, feature_from: FeatureStarts | None = None) -> None:
         """Keep the KV of token_ids (int32 [n]); layers: float32 [1, kv_heads, n, head_dim];
-        features: per kind float32 [n, F], the states of all n positions (a kind not
-        known from position 0 must be left out); buffer: the KVBuffer the layers are views
-        of (its frozen length must cover n).
+        features: per kind float32 [n - s, F], the states of positions s..n-1 with s =
+        ``feature_from.get(kind, 0)``; buffer: the KVBuffer the layers are views of (its
+        frozen length must cover n).
 
         The tensors are kept as given (not copied): the caller must not modify them
         afterwards. Entries that are prefixes of token_ids and hold no feature kind this
@@ -168,24 +180,27 @@ class PrefixCache:
         """
         n = len(token_ids)
         features = dict(features or {})
+        starts = {kind: (feature_from or {}).get(kind, 0) for kind in features}
         if n == 0 or n > self.max_tokens or self.max_entries == 0:
             return
         if layers and layers[0][0].shape[2] != n:
             raise ValueError(f"KV length {layers[0][0].shape[2]} != {n} token ids")
         for kind, states in features.items():
-            if states.shape[0] != n:
-                raise ValueError(f"features {kind} cover {states.shape[0]} positions != {n} token ids")
+            if not 0 <= starts[kind] < n or states.shape[0] != n - starts[kind]:
+                raise ValueError(f"features {kind} cover {states.shape[0]} positions from {starts[kind]} "
+                                 f"!= {n} token ids")
         superseded = [
             key
             for key, entry in self._entries.items()
             if len(entry) <= n and common_prefix_length(entry.token_ids, token_ids) == len(entry)
-            and entry.features.keys() <= features.keys()
+            and all(kind in features and starts[kind] <= entry.feature_from.get(kind, 0) for kind in entry.features)
         ]
         for key in superseded:
             del self._entries[key]
         if buffer is not None and buffer.frozen < n:
             raise ValueError(f"KV buffer frozen at {buffer.frozen} < {n} stored positions")
-        self._entries[next(self._keys)] = CacheEntry(np.array(token_ids, dtype=np.int32), layers, features, buffer)
+        self._entries[next(self._keys)] = CacheEntry(np.array(token_ids, dtype=np.int32), layers, features, buffer,
+                                                     {kind: s for kind, s in starts.items() if s})
         self._evict()
 
     def _evict(self) -> None:

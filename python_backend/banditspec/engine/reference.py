@@ -58,7 +58,15 @@ from banditspec.engine.bad_words import BadWords, canonical, check_tokens, mask_
 from banditspec.engine.contract import VerifyRequest, VerifyResult
 from banditspec.engine.fast_llama import FastLlama, Linear, PackedLinear, make_linear
 from banditspec.engine.kv_buffer import KVBuffer
-from banditspec.engine.prefix_cache import FeatureKind, Features, LayerKV, PrefixCache, PrefixHit, cache_layers
+from banditspec.engine.prefix_cache import (
+    FeatureKind,
+    Features,
+    FeatureStarts,
+    LayerKV,
+    PrefixCache,
+    PrefixHit,
+    cache_layers,
+)
 from banditspec.engine.sampling import (
     count_greedy_accepted,
     coupled_sample,
@@ -217,6 +225,12 @@ class _RowOutput:
     buffer: KVBuffer | None = None
 
 
+# Layer-state kinds cached for every sequence once asked for (ReferenceEngine._kept_kinds):
+# a kind costs ~7.5 % of a position's KV in the cache (three layers' outputs); a server
+# serves one Eagle head, so a second kind is already a rare mix.
+KEPT_KINDS = 2
+
+
 class ReferenceEngine:
     """Target engine over a transformers ``LlamaForCausalLM`` (fp32, CPU).
 
@@ -266,6 +280,11 @@ class ReferenceEngine:
         if cache_tokens_budget is None:
             cache_tokens_budget = cache_entries * max_context if isinstance(cache_entries, int) else -1
         self.cache = PrefixCache(cache_entries, cache_tokens_budget)
+        # Layer-state kinds some request has asked for (EAGLE-3 features), captured and cached
+        # for every sequence from then on, asked or not (at most KEPT_KINDS): a later request
+        # of that kind then reuses a prompt or a conversation's history that a request
+        # without it cached, instead of recomputing the head's window of it.
+        self._kept_kinds: list[FeatureKind] = []
         keep_freed_memory()  # per-step K/V buffers reused, not page-faulted anew (engine/allocator.py)
         self.model = model.eval()
         self.tokenizer: Any = None
@@ -350,6 +369,10 @@ class ReferenceEngine:
         if not checked:
             return []
         with self._lock, torch.inference_mode():
+            for request in checked:
+                kind = request.feature_kind
+                if kind and kind not in self._kept_kinds and len(self._kept_kinds) < KEPT_KINDS:
+                    self._kept_kinds.append(kind)
             jobs = [self._plan(request) for request in checked]
             rows: dict[int, _RowOutput] = {}
             for group in self._passes(jobs):
@@ -415,9 +438,7 @@ class ReferenceEngine:
             position_ids[b] = torch.arange(cached[b], cached[b] + max_fresh)
             attention_mask[b, max_cached - cached[b] : max_cached + fresh[b]] = 1
         ragged = batch > 1 and (min(cached) != max_cached or min(fresh) != max_fresh)
-        # Decoder-layer outputs asked for (EAGLE-3 features): computed only when a job wants them.
-        capture = tuple(sorted({a for job in jobs if job.request.hidden_from >= 0
-                                for a in job.request.hidden_layers}))
+        capture = self._capture(jobs)
         captured: list[torch.Tensor] = []
         buffer = None
         if self._fast is not None:
@@ -451,7 +472,7 @@ class ReferenceEngine:
         logits = self._lm_head(decision_rows).float().split([job.gamma + 1 for job in jobs])
         layers = [self._row_layers(new_layers, b, batch, max_cached - cached[b], max_cached + fresh[b])
                   for b in range(batch)]
-        features = [self._features(job, hidden[b, : fresh[b]], capture, [c[b, : fresh[b]] for c in captured])
+        features = [self._features(job, hidden[b, : fresh[b]], capture, [c[b, : fresh[b]] for c in captured], self._kept_kinds)
                     for b, job in enumerate(jobs)]
         return [_RowOutput(features[b], logits[b], layers[b], buffer) for b in range(batch)]
 
@@ -474,8 +495,7 @@ class ReferenceEngine:
                                        self._head_dim, self._dtype)
             claimed.add(id(buffer))
             buffers.append(buffer)
-        capture = tuple(sorted({a for job in jobs if job.request.hidden_from >= 0
-                                for a in job.request.hidden_layers}))
+        capture = self._capture(jobs)
         hidden, layers, captured = fast.forward_packed(input_ids, position_ids, list(zip(cached, fresh)), buffers,
                                                        capture)
         self.forward_passes += 1
@@ -486,19 +506,26 @@ class ReferenceEngine:
         first = [s + len(job.request.input_ids) - 1 - job.start for s, job in zip(starts, jobs)]
         decision_rows = torch.cat([hidden[0, f:e] for f, e in zip(first, ends)])
         logits = self._lm_head(decision_rows).float().split([job.gamma + 1 for job in jobs])
-        return [_RowOutput(self._features(job, hidden[0, s:e], capture, [c[0, s:e] for c in captured]),
+        return [_RowOutput(self._features(job, hidden[0, s:e], capture, [c[0, s:e] for c in captured], self._kept_kinds),
                            logits[b], layers[b], buffers[b])
                 for b, (job, s, e) in enumerate(zip(jobs, starts, ends))]
 
+    def _capture(self, jobs: list[_Job]) -> tuple[int, ...]:
+        """The decoder layers whose outputs a pass captures: those its jobs ask for and those
+        of the kept kinds (none until a request asks for layer states)."""
+        asked = {a for job in jobs if job.request.hidden_from >= 0 for a in job.request.hidden_layers}
+        return tuple(sorted(asked.union(*self._kept_kinds)))
+
     @staticmethod
     def _features(job: _Job, last: torch.Tensor, capture: tuple[int, ...],
-                  captured: list[torch.Tensor]) -> Features:
+                  captured: list[torch.Tensor], kept_kinds: Sequence[FeatureKind] = ()) -> Features:
         """A job's fresh states per kind, float32 [n_new, F]: () = ``last`` (post-norm), which
-        every pass computes; and, when it asked for layers, their outputs concatenated in its order."""
+        every pass computes; the kinds kept for every sequence; and, when it asked for layers,
+        their outputs concatenated in its order."""
         features: Features = {(): last}
-        kind = job.request.feature_kind
-        if kind:
-            features[kind] = torch.cat([captured[capture.index(a)] for a in kind], dim=-1)
+        for kind in {*kept_kinds, job.request.feature_kind}:
+            if kind:
+                features[kind] = torch.cat([captured[capture.index(a)] for a in kind], dim=-1)
         return features
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -570,16 +597,18 @@ class ReferenceEngine:
         # Roll back: keep KV and states of input + accepted tokens only (what DynamicCache.crop does).
         kept = input_length + num_accepted
         layers = [(k[:, :, :kept], v[:, :, :kept]) for k, v in row.layers]
-        features = self._kept_features(job, row, kept)
+        features, starts = self._kept_features(job, row, kept)
         if row.buffer is not None:
             row.buffer.freeze(kept)  # the stored positions: never written again
-        self.cache.store(np.concatenate([request.input_ids, draft_ids[:num_accepted]]), layers, features, row.buffer)
+        self.cache.store(np.concatenate([request.input_ids, draft_ids[:num_accepted]]), layers, features, row.buffer,
+                         starts)
 
         hidden_states = None
         if request.hidden_from >= 0:
             kind, start = request.feature_kind, job.start
-            if kind in features:  # positions 0 .. kept - 1, cached ones first
-                rows = features[kind][request.hidden_from : kept]
+            first = starts.get(kind, 0)
+            if kind in features and first <= request.hidden_from:  # positions first .. kept - 1, cached ones first
+                rows = features[kind][request.hidden_from - first : kept - first]
             elif start <= request.hidden_from:  # the cache served at most hidden_from positions
                 rows = row.features[kind][request.hidden_from - start : kept - start]
             else:
@@ -589,10 +618,12 @@ class ReferenceEngine:
                             cached_tokens=job.prefix.length)
 
     @staticmethod
-    def _kept_features(job: _Job, row: _RowOutput, kept: int) -> Features:
-        """The states of positions 0 .. kept - 1 per kind known from position 0: the cached
-        prefix's, then this pass's up to ``kept`` (a rejected draft's are dropped). New
-        tensors (cat / clone): the entry pins no batch output and nothing writes to it later.
+    def _kept_features(job: _Job, row: _RowOutput, kept: int) -> tuple[Features, FeatureStarts]:
+        """The states of positions s .. kept - 1 per kind, and each kind's s where it is not 0:
+        the cached prefix's (from where its entry held them), then this pass's up to ``kept``
+        (a rejected draft's are dropped); a kind the prefix lacks, from the first position
+        this pass computed. New tensors (cat / clone): the entry pins no batch output and
+        nothing writes to it later.
 
         () is kept for every job, asked or not: every pass computes it, it costs ~5 % of
         the KV's memory (F = hidden floats a position against 2 * layers * kv_heads *
@@ -603,9 +634,16 @@ class ReferenceEngine:
         """
         fresh = kept - job.start
         features: Features = {}
+        starts: FeatureStarts = {}
         for kind, states in row.features.items():
-            if job.start == 0:
-                features[kind] = states[:fresh].clone()
-            elif kind in job.prefix.features:
+            if job.start > 0 and kind in job.prefix.features:
                 features[kind] = torch.cat([job.prefix.features[kind], states[:fresh]])
-        return features
+                first = job.prefix.feature_from.get(kind, 0)
+            elif fresh > 0:
+                features[kind] = states[:fresh].clone()
+                first = job.start
+            else:
+                continue
+            if first:
+                starts[kind] = first
+        return features, starts
