@@ -541,9 +541,11 @@ def test_the_factory_builds_the_eagle_arm_the_deployment_can_serve(monkeypatch):
     assert "eagle" not in build(eagle_engine=True)  # a TensorRT-LLM target: no hidden states here
     monkeypatch.setattr(eagle, "head_fit_problem", lambda name, weights=None: None)
     assert isinstance(build(eagle_model="eagle")["eagle"], RemoteEagleDrafter)
-    # the remote head's target states follow the head named: EAGLE-3 reads layers 1, 14, 26
-    assert build(eagle_model="eagle")["eagle"].traits.feature_layers == ()
+    # the remote head's target states follow the head named: EAGLE-3 (the default) reads layers
+    # 1, 14, 26, EAGLE-1 the last post-norm state
+    assert build(eagle_model="eagle")["eagle"].traits.feature_layers == (1, 14, 26)
     assert build(eagle_model="eagle", eagle_head="eagle3")["eagle"].traits.feature_layers == (1, 14, 26)
+    assert build(eagle_model="eagle", eagle_head="eagle1")["eagle"].traits.feature_layers == ()
     with pytest.raises(BanditSpecValidationError, match="eagle_head"):
         build(eagle_model="eagle", eagle_head="eagle9")
     monkeypatch.setattr(eagle, "head_fit_problem", lambda name, weights=None: "head built for another target")

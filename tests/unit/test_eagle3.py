@@ -522,7 +522,7 @@ def test_shipped_head_is_eagle3_and_fits_smollm2():
     c = head.config
     assert (c.hidden_size, c.target_vocab_size, c.target_num_layers) == (576, 49152, 30)
     assert c.aux_layers == (1, 14, 26) == head_feature_layers(EAGLE3_WEIGHTS)
-    assert head_feature_layers(DEFAULT_WEIGHTS) == ()  # the served EAGLE-1 head reads the last state
+    assert DEFAULT_WEIGHTS == EAGLE3_WEIGHTS  # the served head
     vocab = head.draft_vocab
     assert len(vocab) == c.draft_vocab_size == len(set(vocab.tolist()))
     info = json.loads(EAGLE3_WEIGHTS.with_suffix(".json").read_text())
