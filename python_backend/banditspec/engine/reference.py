@@ -605,14 +605,11 @@ class ReferenceEngine:
 
         hidden_states = None
         if request.hidden_from >= 0:
-            kind, start = request.feature_kind, job.start
+            kind = request.feature_kind  # every pass computes the asked kind: it is in ``features``
             first = starts.get(kind, 0)
-            if kind in features and first <= request.hidden_from:  # positions first .. kept - 1, cached ones first
-                rows = features[kind][request.hidden_from - first : kept - first]
-            elif start <= request.hidden_from:  # the cache served at most hidden_from positions
-                rows = row.features[kind][request.hidden_from - start : kept - start]
-            else:
-                raise RuntimeError(f"prefix of {start} reused past hidden_from {request.hidden_from} without its states")
+            if first > request.hidden_from:  # the lookup caps reuse so that this cannot happen
+                raise RuntimeError(f"states from {first} kept, asked from hidden_from {request.hidden_from}")
+            rows = features[kind][request.hidden_from - first : kept - first]  # cached ones first
             hidden_states = rows.float().numpy().copy()  # a copy: the caller may write to it
         return VerifyResult(output_ids=output_ids, num_accepted=num_accepted, hidden_states=hidden_states,
                             cached_tokens=job.prefix.length)
@@ -639,11 +636,9 @@ class ReferenceEngine:
             if job.start > 0 and kind in job.prefix.features:
                 features[kind] = torch.cat([job.prefix.features[kind], states[:fresh]])
                 first = job.prefix.feature_from.get(kind, 0)
-            elif fresh > 0:
+            else:  # fresh >= 1: the last input token is always fed
                 features[kind] = states[:fresh].clone()
                 first = job.start
-            else:
-                continue
             if first:
                 starts[kind] = first
         return features, starts
